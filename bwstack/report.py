@@ -1,0 +1,136 @@
+"""The one report shape: a list of checks, rendered as a table, JSON or JUnit XML.
+
+verify, build, smoke, preflight and provision all return a Report. Each check has a name, a
+status, a one-line finding, evidence (numbers, paths, log lines) and, when it fails, a remedy.
+A verb adds its own payload under `data` (targets, verdict, image id...); JSON puts that payload
+at the top level beside `ok` and `checks` so CI can read e.g. `report["targets"]` directly.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+class Status(StrEnum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+_STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+
+
+@dataclass
+class Check:
+    """One thing that was checked, and what was found."""
+
+    name: str
+    status: Status
+    finding: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    remedy: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": str(self.status),
+            "finding": self.finding,
+            "evidence": self.evidence,
+            "remedy": self.remedy,
+        }
+
+
+@dataclass
+class Report:
+    """The result of one verb on one subject (an image, a wheel, a server, a node)."""
+
+    kind: str
+    subject: str
+    checks: list[Check] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status is Status.FAIL for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def add(self, check: Check) -> Check:
+        self.checks.append(check)
+        return check
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status is Status.FAIL]
+
+    def to_dict(self) -> dict[str, Any]:
+        reserved = {"kind", "subject", "ok", "checks"}
+        clash = reserved & self.data.keys()
+        if clash:
+            raise ValueError(f"report data may not use reserved keys {sorted(clash)}")
+        return {
+            "kind": self.kind,
+            "subject": self.subject,
+            "ok": self.ok,
+            "checks": [c.to_dict() for c in self.checks],
+            **self.data,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=str) + "\n"
+
+    def to_junit(self) -> str:
+        """JUnit XML: one testsuite per report, one testcase per check."""
+        suite = ET.Element(
+            "testsuite",
+            name=f"bwstack.{self.kind}",
+            tests=str(len(self.checks)),
+            failures=str(len(self.failures())),
+            skipped=str(sum(c.status is Status.SKIP for c in self.checks)),
+            errors="0",
+        )
+        for check in self.checks:
+            case = ET.SubElement(suite, "testcase", classname=f"bwstack.{self.kind}", name=check.name)
+            body = json.dumps({"evidence": check.evidence, "remedy": check.remedy}, default=str)
+            if check.status is Status.FAIL:
+                failure = ET.SubElement(case, "failure", message=check.finding)
+                failure.text = body
+            elif check.status is Status.SKIP:
+                ET.SubElement(case, "skipped", message=check.finding)
+            else:
+                out = ET.SubElement(case, "system-out")
+                out.text = f"{check.status}: {check.finding}"
+        ET.indent(suite)
+        return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+    def write(self, *, json_path: str | Path | None = None, junit_path: str | Path | None = None) -> None:
+        for path, text in ((json_path, self.to_json), (junit_path, self.to_junit)):
+            if path:
+                target = Path(path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text())
+
+    def print_table(self, console: Console | None = None) -> None:
+        console = console or Console()
+        verdict = "[green]PASS[/green]" if self.ok else "[bold red]FAIL[/bold red]"
+        table = Table(title=f"bwstack {self.kind}: {self.subject} {verdict}", show_lines=False, expand=False)
+        table.add_column("check", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("finding")
+        for check in self.checks:
+            style = _STATUS_STYLE[check.status]
+            finding = check.finding
+            if check.remedy and check.status in (Status.FAIL, Status.WARN):
+                finding += f"\n[cyan]remedy:[/cyan] {check.remedy}"
+            table.add_row(check.name, f"[{style}]{check.status}[/{style}]", finding)
+        console.print(table)

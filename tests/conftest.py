@@ -1,0 +1,49 @@
+"""Shared fixtures: a real Docker engine (or a skip that CI turns into a failure) and repo paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def _require_docker() -> bool:
+    return os.environ.get("BWSTACK_REQUIRE_DOCKER") == "1"
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[object]:
+    """A live Docker SDK client. Without an engine the test is skipped, unless BWSTACK_REQUIRE_DOCKER=1
+    (set by .ci/run), where a missing engine fails the test instead: CI must never skip Docker."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as error:  # the SDK raises several unrelated types for "no daemon"
+        message = f"no Docker engine: {error}"
+        if _require_docker():
+            pytest.fail(message + " (BWSTACK_REQUIRE_DOCKER=1)")
+        pytest.skip(message)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def static_busybox() -> Path:
+    """A statically linked busybox to COPY into FROM-scratch test images (Debian's busybox-static)."""
+    for candidate in (Path("/bin/busybox"), Path("/usr/bin/busybox")):
+        if candidate.exists():
+            return candidate
+    found = shutil.which("busybox")
+    if found:
+        return Path(found)
+    if _require_docker():
+        pytest.fail("busybox-static is not installed (apt-get install busybox-static)")
+    pytest.skip("busybox-static is not installed")
