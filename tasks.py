@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from invoke import Collection, Context, Exit, task
+from invoke import Context, Exit, task
 
 from bwstack.errors import BwstackError
 from bwstack.report import Report

@@ -54,13 +54,7 @@ class Arch:
 
     def supported_by(self, cuda: Version) -> bool:
         """Can a toolkit of this version compile the arch's build_target?"""
-        if cuda < self.first_cuda:
-            return False
-        if self.build_target.endswith("a") and self.specific_since and cuda < self.specific_since:
-            return False
-        if self.build_target.endswith("f") and self.family_since and cuda < self.family_since:
-            return False
-        return True
+        return cuda >= self.min_cuda()
 
     def min_cuda(self) -> Version:
         """The first toolkit that can compile build_target."""
