@@ -39,7 +39,53 @@ def finish(report: Report, *, json: str | None = None, junit: str | None = None)
 # --- tasks ------------------------------------------------------------------------------------------
 
 
-@task(help={"args": 'extra arguments passed to pytest, e.g. "-k render -x"'})
-def test(c: Context, args: str = "") -> None:
-    """Run the test suite (pytest)."""
+@task(
+    help={
+        "args": 'extra arguments passed to pytest, e.g. "-k render -x"',
+        "lint": "run ruff check and ruff format --check first (default: on; --no-lint skips)",
+    }
+)
+def test(c: Context, args: str = "", lint: bool = True) -> None:
+    """Run ruff, then the test suite (pytest)."""
+    if lint:
+        c.run(f"{sys.executable} -m ruff check .", pty=False)
+        c.run(f"{sys.executable} -m ruff format --check .", pty=False)
     c.run(f"{sys.executable} -m pytest {args}", pty=False)
+
+
+def _setting(c: Context, key: str, given: str | None) -> str:
+    """A flag if given, else invoke.yaml's bwstack.<key> (overridable by INVOKE_BWSTACK_<KEY>)."""
+    return given if given else str(c.config.bwstack[key])
+
+
+@task(
+    help={
+        "arch": "target GPU arch: sm120, sm_120 or 12.0 (see recipes/archs.py for the table)",
+        "recipe": "recipe name under recipes/ or a path to a .toml file (default from invoke.yaml: sglang)",
+        "out": "output folder; writes <out>/<recipe>-<arch>/Dockerfile and build.json (default: build)",
+        "repo": "image repository used in the tag recorded in build.json (default from invoke.yaml)",
+        "max_jobs": "MAX_JOBS build-arg default baked into the Dockerfile (default: the recipe's)",
+        "nvcc_threads": "NVCC_THREADS build-arg default baked into the Dockerfile (default: the recipe's)",
+    }
+)
+@guarded
+def render(
+    c: Context,
+    arch: str,
+    recipe: str | None = None,
+    out: str | None = None,
+    repo: str | None = None,
+    max_jobs: int | None = None,
+    nvcc_threads: int | None = None,
+) -> None:
+    """Render a recipe into a Dockerfile + build.json for one GPU arch."""
+    from pathlib import Path
+
+    from images.render import render as render_image
+    from images.render import write
+    from recipes.recipe import load_recipe
+
+    overrides = {k: str(v) for k, v in (("MAX_JOBS", max_jobs), ("NVCC_THREADS", nvcc_threads)) if v is not None}
+    loaded = load_recipe(_setting(c, "recipe", recipe))
+    rendered = render_image(loaded, arch, repo=_setting(c, "repo", repo), build_args=overrides)
+    print(write(rendered, Path(_setting(c, "out", out))))

@@ -47,3 +47,13 @@ def static_busybox() -> Path:
     if _require_docker():
         pytest.fail("busybox-static is not installed (apt-get install busybox-static)")
     pytest.skip("busybox-static is not installed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under BWSTACK_REQUIRE_DOCKER=1 a skipped Docker test is a failure, whatever skipped it."""
+    outcome = yield
+    report = outcome.get_result()
+    if _require_docker() and report.skipped and item.get_closest_marker("docker") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"Docker test skipped under BWSTACK_REQUIRE_DOCKER=1: {report.longrepr}"

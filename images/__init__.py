@@ -1,0 +1,1 @@
+"""HOW a recipe becomes an image: Jinja2 templates, the renderer, and the Docker SDK build."""

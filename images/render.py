@@ -1,0 +1,205 @@
+"""Render a recipe for one arch into a Dockerfile plus a build manifest (build.json).
+
+Jinja2 with StrictUndefined: a template that names a field the recipe lacks fails loudly at render,
+not as an empty string in a Dockerfile. Every partial is wrapped in `# === BEGIN name ===` markers so
+a line of rendered output can be traced back to its template. Output is a pure function of the
+recipe, the arch, the templates and the build args: the same inputs give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from bwstack.errors import RenderError
+from recipes.archs import Arch
+from recipes.recipe import Recipe
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LABEL_PREFIX = "io.bwstack"
+
+
+@dataclass(frozen=True)
+class RenderedImage:
+    """A rendered Dockerfile and everything a build needs to know about it."""
+
+    recipe: Recipe
+    arch: Arch
+    dockerfile: str
+    build_args: dict[str, str]
+    labels: dict[str, str]
+    content_digest: str  # sha256 over recipe, arch and templates: names the image's content
+    repo: str
+    context_files: dict[str, str] = field(default_factory=dict)  # context path -> source path (demo stacks)
+
+    @property
+    def tag(self) -> str:
+        """The content tag: <repo>:<recipe>-<arch>-cuda<ver>-<12 hex>."""
+        cuda = self.recipe.cuda_version
+        return (
+            f"{self.repo}:{self.recipe.name}-{self.arch.name}-cuda{cuda.major}.{cuda.minor}-{self.content_digest[:12]}"
+        )
+
+    @property
+    def moving_tag(self) -> str:
+        return f"{self.repo}:{self.recipe.name}-{self.arch.name}"
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.recipe.name}-{self.arch.name}"
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe.to_dict(),
+            "arch": {
+                "name": self.arch.name,
+                "cc": self.arch.cc_str,
+                "build_target": self.arch.build_target,
+                "gencode": self.arch.gencode,
+            },
+            "build_args": self.build_args,
+            "labels": self.labels,
+            "content_digest": self.content_digest,
+            "tag": self.tag,
+            "moving_tag": self.moving_tag,
+            "context_files": self.context_files,
+        }
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        autoescape=False,  # Dockerfiles, not HTML
+    )
+
+    @jinja2.pass_context
+    def partial(context: jinja2.runtime.Context, name: str, **extra: Any) -> str:
+        body = env.get_template(f"partials/{name}.j2").render({**context.get_all(), **extra})
+        return f"# === BEGIN {name} ===\n{body.rstrip()}\n# === END {name} ==="
+
+    env.globals["partial"] = partial
+    return env
+
+
+def _require_sections(recipe: Recipe) -> Any:
+    """A template global: `{{ require("torch", ...) }}` fails naming every recipe section it lacks."""
+
+    def require(*sections: str) -> str:
+        missing = [name for name in sections if getattr(recipe, name, None) is None]
+        if missing:
+            raise RenderError(
+                f"{recipe.path}: template {recipe.template} needs recipe section(s) "
+                f"{', '.join(f'[{name}]' for name in missing)}, which the recipe lacks"
+            )
+        return ""
+
+    return require
+
+
+def template_files() -> list[Path]:
+    return sorted(p for p in TEMPLATES_DIR.rglob("*.j2") if p.is_file())
+
+
+def content_digest(recipe: Recipe, arch: Arch) -> str:
+    """sha256 of what decides an image's content: the parsed recipe, the arch and every template."""
+    digest = hashlib.sha256()
+    digest.update(recipe.digest.encode())
+    digest.update(arch.name.encode())
+    for path in template_files():
+        digest.update(path.relative_to(TEMPLATES_DIR).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def default_build_args(recipe: Recipe) -> dict[str, str]:
+    if recipe.sgl_kernel is None:
+        return {}
+    return {"MAX_JOBS": str(recipe.sgl_kernel.max_jobs), "NVCC_THREADS": str(recipe.sgl_kernel.nvcc_threads)}
+
+
+def image_labels(recipe: Recipe, arch: Arch, digest: str) -> dict[str, str]:
+    cuda = str(recipe.cuda_version)
+    return {
+        "org.opencontainers.image.title": f"bwstack {recipe.name} for {arch.name}",
+        "org.opencontainers.image.description": recipe.description,
+        "org.opencontainers.image.version": f"{recipe.name}-{arch.name}-cuda{cuda}-{digest[:12]}",
+        "org.opencontainers.image.base.name": recipe.base.ref,
+        f"{LABEL_PREFIX}.recipe": recipe.name,
+        f"{LABEL_PREFIX}.recipe.digest": f"sha256:{recipe.digest}",
+        f"{LABEL_PREFIX}.content.digest": f"sha256:{digest}",
+        f"{LABEL_PREFIX}.arch": arch.name,
+        f"{LABEL_PREFIX}.cc": arch.cc_str,
+        f"{LABEL_PREFIX}.sass-target": arch.build_target,
+        f"{LABEL_PREFIX}.cuda": cuda,
+    }
+
+
+def render(
+    recipe: Recipe,
+    arch_text: str,
+    *,
+    repo: str = "bwstack",
+    build_args: dict[str, str] | None = None,
+) -> RenderedImage:
+    """Render `recipe` for one arch. Raises RecipeError/ArchError for bad input, RenderError for templates."""
+    arch = recipe.resolve_arch(arch_text)
+    digest = content_digest(recipe, arch)
+    args = {**default_build_args(recipe), **(build_args or {})}
+    for key, value in args.items():
+        if not str(value).isdigit() or int(value) < 1:
+            raise RenderError(f"build arg {key}={value!r}: expected a whole number >= 1")
+    labels = image_labels(recipe, arch, digest)
+    context_files = _context_files(recipe)
+    serve_command = recipe.serve_command("/model", host="0.0.0.0", port=recipe.serve.port)
+    values = {
+        "recipe": recipe,
+        "arch": arch,
+        "build_args": args,
+        "labels": labels,
+        "serve_command": serve_command,
+        "context_files": context_files,
+        "require": _require_sections(recipe),
+    }
+    try:
+        text = _environment().get_template(recipe.template).render(values)
+    except jinja2.TemplateNotFound as error:
+        raise RenderError(f"{recipe.path}: field template: no template {error.name!r} under {TEMPLATES_DIR}") from None
+    except jinja2.UndefinedError as error:
+        raise RenderError(
+            f"{recipe.path}: template {recipe.template} needs a value the recipe lacks: {error}"
+        ) from None
+    except jinja2.TemplateError as error:
+        raise RenderError(f"{TEMPLATES_DIR / recipe.template}: template error: {error}") from None
+    return RenderedImage(recipe, arch, text, args, labels, digest, repo, context_files)
+
+
+def _context_files(recipe: Recipe) -> dict[str, str]:
+    """Files a demo stack copies into its build context (path in context -> path in this repo)."""
+    if recipe.demo is None:
+        return {}
+    package = REPO_ROOT / "tests" / "fixtures" / "packages" / recipe.demo.package
+    server = REPO_ROOT / recipe.demo.server
+    for needed in (package, server):
+        if not needed.is_dir():
+            raise RenderError(f"{recipe.path}: field demo: {needed} does not exist")
+    return {"package": str(package.relative_to(REPO_ROOT)), "server": str(server.relative_to(REPO_ROOT))}
+
+
+def write(rendered: RenderedImage, out: Path) -> Path:
+    """Write <out>/<recipe>-<arch>/Dockerfile and build.json; return the Dockerfile's path."""
+    folder = out / rendered.dirname
+    folder.mkdir(parents=True, exist_ok=True)
+    dockerfile = folder / "Dockerfile"
+    dockerfile.write_text(rendered.dockerfile, encoding="utf-8")
+    manifest = json.dumps(rendered.manifest(), indent=2, sort_keys=True) + "\n"
+    (folder / "build.json").write_text(manifest, encoding="utf-8")
+    return dockerfile
