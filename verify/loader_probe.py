@@ -1,0 +1,262 @@
+"""Run a package's own arch->directory loader for a given compute capability, without a GPU.
+
+sgl-kernel decides at import which common_ops binary to load from the CC torch reports. Re-stating
+that logic here would drift from the package; instead the package itself is imported in an isolated
+child interpreter (`python -I -S`: no user site, no site-packages, so nothing but the stand-ins below
+can answer for torch) with:
+
+- a stand-in `torch` whose `torch.cuda` reports the requested CC (or no GPU),
+- `importlib.util.spec_from_file_location` wrapped so that loading an extension module is recorded
+  instead of performed: an existing file "loads" and ends the probe; a missing one fails the way the
+  real import would, so the loader's own fallbacks run and are recorded too,
+- a meta-path recorder for plain `import common_ops`-style fallbacks, and `ctypes.CDLL` recorded
+  rather than called (loaders preload CUDA libraries that do not exist here).
+
+The child is bounded by a timeout and killed if it overruns: a misbehaving loader is a LoaderProbeError,
+never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bwstack.errors import LoaderProbeError
+from recipes.archs import CC
+
+RESULT_MARKER = "BWSTACK-PROBE-RESULT "
+
+_STAND_IN_TORCH = '''\
+"""Stand-in torch for bwstack's loader probe: reports one GPU of the CC in BWSTACK_PROBE_CC."""
+import os
+from types import SimpleNamespace
+
+__version__ = "0.0.0+bwstack.probe"
+_cc = os.environ.get("BWSTACK_PROBE_CC", "none")
+
+
+class _Cuda:
+    def is_available(self):
+        return _cc != "none"
+
+    def device_count(self):
+        return 0 if _cc == "none" else 1
+
+    def current_device(self):
+        if _cc == "none":
+            raise RuntimeError("No CUDA GPUs are available")
+        return 0
+
+    def _capability(self):
+        if _cc == "none":
+            raise RuntimeError("No CUDA GPUs are available")
+        major, minor = (int(x) for x in _cc.split("."))
+        return major, minor
+
+    def get_device_capability(self, device=None):
+        return self._capability()
+
+    def get_device_properties(self, device=None):
+        major, minor = self._capability()
+        return SimpleNamespace(major=major, minor=minor, name=f"bwstack probe GPU (CC {major}.{minor})",
+                               total_memory=96 << 30, multi_processor_count=188)
+
+    def get_device_name(self, device=None):
+        return self.get_device_properties(device).name
+
+
+cuda = _Cuda()
+version = SimpleNamespace(cuda="13.0", hip=None, git_version="bwstack-probe")
+'''
+
+_PROBE = r'''
+import builtins, ctypes, importlib.abc, importlib.machinery, importlib.util, json, os, sys, traceback
+
+MARKER = sys.argv[1]
+PACKAGE = sys.argv[2]
+ROOT = os.path.realpath(sys.argv[3])
+attempts = []
+
+
+class ProbeDone(BaseException):
+    """A BaseException, so a loader's `except Exception` fallback cannot swallow the end of the probe."""
+
+
+def report(selected, error=None):
+    sys.stdout.write(MARKER + json.dumps({"selected": selected, "attempts": attempts, "error": error}) + "\n")
+    sys.stdout.flush()
+
+
+_real_spec = importlib.util.spec_from_file_location
+EXTENSION_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES) + (".so",)
+
+
+class RecordingLoader(importlib.abc.Loader):
+    def __init__(self, path):
+        self.path = path
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exists = os.path.isfile(self.path)
+        attempts.append({"how": "spec_from_file_location", "path": self.path, "exists": exists})
+        if not exists:
+            raise ImportError(f"{self.path}: cannot open shared object file: No such file or directory")
+        raise ProbeDone(self.path)
+
+
+def recording_spec(name, location=None, *args, **kwargs):
+    path = os.fspath(location) if location is not None else ""
+    if path.endswith(EXTENSION_SUFFIXES):
+        return importlib.machinery.ModuleSpec(name, RecordingLoader(path), origin=path)
+    return _real_spec(name, location, *args, **kwargs)
+
+
+importlib.util.spec_from_file_location = recording_spec
+
+
+class ExtensionRecorder(importlib.abc.MetaPathFinder):
+    """Records extension modules found through sys.path (`import common_ops`) and ends the probe there."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                origin = spec.origin or ""
+                if origin.endswith(EXTENSION_SUFFIXES):
+                    attempts.append({"how": "import", "path": origin, "name": fullname, "exists": True})
+                    spec.loader = RecordingLoader(origin)
+                return spec
+        if "ops" in fullname.rsplit(".", 1)[-1]:
+            attempts.append({"how": "import", "path": None, "name": fullname, "exists": False})
+        return None
+
+
+sys.meta_path.insert(0, ExtensionRecorder())
+
+
+class RecordedCDLL:
+    def __init__(self, name, *args, **kwargs):
+        attempts.append({"how": "ctypes", "path": os.fspath(name) if name else None, "exists": None})
+
+    def __getattr__(self, name):
+        raise AttributeError(f"bwstack probe: {name} is not callable in a probe")
+
+
+ctypes.CDLL = RecordedCDLL
+ctypes.cdll.LoadLibrary = RecordedCDLL
+try:
+    __import__(PACKAGE)
+except ProbeDone as done:
+    report(str(done))
+except BaseException as error:
+    report(None, f"{type(error).__name__}: {error}".splitlines()[0][:500])
+else:
+    report(None)
+'''
+
+
+@dataclass(frozen=True)
+class LoaderAttempt:
+    how: str  # spec_from_file_location | import | ctypes
+    path: str | None  # relative to the package root where it lies inside it
+    exists: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"how": self.how, "path": self.path, "exists": self.exists}
+
+
+@dataclass(frozen=True)
+class LoaderResult:
+    """What the package's loader did for one CC: the binary it loads, and the loads it tried first."""
+
+    cc: CC | None
+    selected: str | None  # path relative to the package root, e.g. sgl_kernel/sm100/common_ops.abi3.so
+    attempts: tuple[LoaderAttempt, ...] = field(default=())
+    error: str | None = None
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Extension loads tried before the selected one (the loader fell back past them)."""
+        return [a.path or "?" for a in self.attempts if a.how != "ctypes" and a.path != self.selected]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "selected": self.selected,
+            "fallbacks": self.fallbacks,
+            "attempts": [a.to_dict() for a in self.attempts],
+            "error": self.error,
+        }
+
+
+def probe_loader(package_root: Path, import_name: str, cc: CC | None, *, timeout: float = 30.0) -> LoaderResult:
+    """Import `import_name` from `package_root` as if on a GPU of compute capability `cc` (None: no GPU)."""
+    package_root = package_root.resolve()
+    if not (package_root / import_name).is_dir():
+        raise LoaderProbeError(f"{package_root}: no package {import_name!r} to probe")
+    with tempfile.TemporaryDirectory(prefix="bwstack-probe-") as scratch:
+        stand_ins = Path(scratch) / "stand-ins"
+        (stand_ins / "torch").mkdir(parents=True)
+        (stand_ins / "torch" / "__init__.py").write_text(_STAND_IN_TORCH)
+        script = Path(scratch) / "probe.py"
+        script.write_text(
+            # sys.path: the stand-ins first, then the package root, then the stdlib; nothing else.
+            f"import sys\nsys.path[:0] = [{str(stand_ins)!r}, {str(package_root)!r}]\n" + _PROBE
+        )
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "BWSTACK_PROBE_CC": f"{cc[0]}.{cc[1]}" if cc else "none",
+        }
+        # -B: never write __pycache__ into the folder being verified (-I ignores PYTHONDONTWRITEBYTECODE).
+        command = [sys.executable, "-I", "-S", "-B", str(script), RESULT_MARKER, import_name, str(package_root)]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, env=env, cwd=scratch, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise LoaderProbeError(
+                f"{package_root / import_name}: importing the package for CC {_cc_text(cc)} did not finish "
+                f"in {timeout:g} s; its loader hangs",
+                remedy="run `python -X importtime -c 'import " + import_name + "'` to see where",
+            ) from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise LoaderProbeError(
+            f"{package_root / import_name}: loader probe for CC {_cc_text(cc)} exited {done.returncode} "
+            f"without a result: {tail}"
+        )
+    raw = json.loads(lines[-1][len(RESULT_MARKER) :])
+    return LoaderResult(
+        cc=cc,
+        selected=_relative(raw["selected"], package_root),
+        attempts=tuple(
+            LoaderAttempt(
+                a["how"],
+                _relative(a.get("path"), package_root) or (f"import {a['name']}" if a.get("name") else None),
+                a.get("exists"),
+            )
+            for a in raw["attempts"]
+        ),
+        error=raw["error"],
+    )
+
+
+def _cc_text(cc: CC | None) -> str:
+    return f"{cc[0]}.{cc[1]}" if cc else "none (no GPU)"
+
+
+def _relative(path: str | None, root: Path) -> str | None:
+    if not path:
+        return None
+    resolved = Path(path).resolve()
+    return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else path

@@ -1,0 +1,211 @@
+"""Where binaries come from: a folder, a wheel, or a Docker image, all seen as one file tree.
+
+Each source yields a `Tree`: a folder on disk holding the package's Python files (so its own loader
+can be probed) and the CUDA binaries to read. Choices, and why:
+
+- `--path`: the folder itself; nothing is copied.
+- `--wheel`: Python files are extracted (small); each .so member is streamed in 1 MiB chunks to a
+  temporary file only when it is read, then deleted, so disk use peaks at the largest one member and
+  memory stays flat. A stored (uncompressed) member could be read in place, but wheels deflate .so
+  files, and an ELF's section table sits at its end, so positioned reads need a seekable copy.
+- `--image`: a container is created (never started) and its filesystem exported as a tar stream;
+  only regular files are taken (the package's files and every .so under site-/dist-packages), each
+  name checked: absolute names, `..` and anything that is not a regular file (links included) are
+  refused and listed, so a hostile image cannot write outside the scratch folder.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from bwstack.errors import DockerError, FatbinError, SourceError
+from verify.fatbin import FatbinEntry, read_entries
+
+_CHUNK = 1 << 20
+_SHARED_OBJECT_SUFFIXES = (".so",)
+
+
+def is_shared_object(name: str) -> bool:
+    base = PurePosixPath(name).name
+    return base.endswith(_SHARED_OBJECT_SUFFIXES) or ".so." in base
+
+
+def safe_member_name(name: str) -> PurePosixPath | None:
+    """A relative path with no `..` and no absolute root, or None for a name that must be refused."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or not path.parts or any(part == ".." for part in path.parts):
+        return None
+    parts = [p for p in path.parts if p not in ("", ".")]
+    return PurePosixPath(*parts) if parts else None
+
+
+@dataclass
+class Tree:
+    """A source laid out as files under `root`; `.so` members may be materialised lazily."""
+
+    label: str
+    root: Path
+    binaries: list[str]  # posix paths relative to root, sorted
+    refused: list[str] = field(default_factory=list)  # members not taken, with the reason
+    _wheel: zipfile.ZipFile | None = None
+
+    def read(self, relative: str, *, kernels: bool = False) -> list[FatbinEntry]:
+        """The fatbin entries of one binary in the tree (FatbinError for a malformed one)."""
+        if self._wheel is None:
+            return read_entries(self.root / relative, kernels=kernels)
+        with tempfile.NamedTemporaryFile(prefix="bwstack-member-", suffix=".so") as copy:
+            try:
+                with self._wheel.open(relative) as member:
+                    shutil.copyfileobj(member, copy, _CHUNK)
+            except (zipfile.BadZipFile, OSError, EOFError) as error:
+                raise FatbinError(f"{self.label}!{relative}: cannot decompress wheel member: {error}") from None
+            copy.flush()
+            entries = read_entries(Path(copy.name), kernels=kernels)
+        return entries
+
+
+def _scan_binaries(root: Path) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and is_shared_object(path.name):
+            found.append(path.relative_to(root).as_posix())
+    return sorted(found)
+
+
+@contextmanager
+def open_path(folder: Path) -> Iterator[Tree]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SourceError(f"{folder}: not a folder", remedy="pass --path a site-packages folder or a package folder")
+    yield Tree(str(folder), folder.resolve(), _scan_binaries(folder))
+
+
+@contextmanager
+def open_wheel(wheel: Path) -> Iterator[Tree]:
+    wheel = Path(wheel)
+    if not wheel.is_file():
+        raise SourceError(f"{wheel}: wheel not found")
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise SourceError(f"{wheel}: not a readable wheel (zip): {error}") from None
+    with archive, tempfile.TemporaryDirectory(prefix="bwstack-wheel-") as scratch:
+        root = Path(scratch)
+        binaries, refused = [], []
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            name = safe_member_name(info.filename)
+            if name is None:
+                refused.append(f"{info.filename} (absolute or '..' path)")
+                continue
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if is_shared_object(name.name):
+                # A placeholder, so the loader probe sees the file exist; its bytes are streamed on read().
+                target.touch()
+                binaries.append(name.as_posix())
+            elif name.suffix in (".py", ".pth", ".json", ".txt") or name.parent.name.endswith(".dist-info"):
+                try:
+                    with archive.open(info) as member, target.open("wb") as out:
+                        shutil.copyfileobj(member, out, _CHUNK)
+                except (zipfile.BadZipFile, OSError, EOFError) as error:
+                    raise SourceError(f"{wheel}!{info.filename}: cannot extract: {error}") from None
+        yield Tree(str(wheel), root.resolve(), sorted(binaries), refused, _wheel=archive)
+
+
+@contextmanager
+def open_image(ref: str, *, import_name: str, client: object | None = None) -> Iterator[Tree]:
+    """Export an image's filesystem (without running it) and take the package and site-packages .so files."""
+    import docker
+    import docker.errors
+    import requests.exceptions
+
+    try:
+        client = client or docker.from_env(timeout=120)
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise DockerError(
+            f"Docker engine unreachable: {_first_line(error)}",
+            remedy="start dockerd (systemctl start docker) or set DOCKER_HOST",
+        ) from None
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        raise SourceError(f"image {ref!r} not found locally", remedy=f"docker pull {ref}, or build it first") from None
+    except docker.errors.APIError as error:
+        raise DockerError(f"image {ref!r}: {_first_line(error)}") from None
+    # A command is required to create a container from a FROM-scratch image with no CMD; it never runs.
+    container = client.containers.create(ref, command=["/bwstack-never-started"], network_disabled=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bwstack-image-") as scratch:
+            root = Path(scratch)
+            refused = _extract_wanted(container.export(chunk_size=_CHUNK), root, import_name)
+            yield Tree(f"image {ref}", root.resolve(), _scan_binaries(root), refused)
+    finally:
+        container.remove(force=True)
+
+
+def _wanted(name: PurePosixPath, import_name: str) -> bool:
+    parts = name.parts
+    if import_name in parts[:-1]:
+        return True  # the package's own files: loader, __init__, binaries
+    return is_shared_object(name.name) and any(p in ("site-packages", "dist-packages") for p in parts)
+
+
+def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str) -> list[str]:
+    refused: list[str] = []
+    with tarfile.open(fileobj=io.BufferedReader(_ChunkStream(chunks), _CHUNK), mode="r|") as stream:
+        for member in stream:
+            name = safe_member_name(member.name)
+            if name is None:
+                refused.append(f"{member.name} (absolute or '..' path)")
+                continue
+            if not _wanted(name, import_name):
+                continue
+            if not member.isreg():
+                if member.issym() or member.islnk():
+                    refused.append(f"{member.name} (link to {member.linkname})")
+                continue
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = stream.extractfile(member)
+            if source is None:
+                continue
+            with target.open("wb") as out:
+                shutil.copyfileobj(source, out, _CHUNK)
+    return refused
+
+
+class _ChunkStream(io.RawIOBase):
+    """The SDK's chunk iterator as a raw stream, for tarfile's streaming mode (no copying of buffers)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
