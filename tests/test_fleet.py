@@ -1,0 +1,103 @@
+"""Fleet manifests rendered from the recipe: a Kubernetes DaemonSet and an Ansible playbook."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bwstack.errors import RenderError
+from recipes import load_recipe
+from verify.preflight import fleet
+from verify.preflight.fleet import FleetSpec, render_fleet, spec_for_recipe, validate_daemonset, validate_playbook
+
+
+@pytest.fixture(scope="module")
+def spec() -> FleetSpec:
+    return spec_for_recipe("sglang", arch="sm120")
+
+
+@pytest.fixture(scope="module")
+def files(spec: FleetSpec) -> dict[str, str]:
+    return render_fleet(spec)
+
+
+def test_spec_comes_from_the_recipe(spec: FleetSpec) -> None:
+    recipe = load_recipe("sglang")
+    assert (spec.recipe, spec.arch, spec.cc, spec.tp) == ("sglang", "sm120", (12, 0), recipe.serve.tp)
+    assert spec.cuda == str(recipe.cuda_version)
+    assert spec.image.startswith("bwstack:sglang-sm120-cuda13.1-")
+    assert spec.model_dir == "/models/Kimi-K2.5"
+
+
+def test_daemonset_targets_gpu_nodes_of_the_arch(spec: FleetSpec, files: dict[str, str]) -> None:
+    doc = yaml.safe_load(files[fleet.DAEMONSET])
+    assert (doc["apiVersion"], doc["kind"], doc["metadata"]["name"]) == ("apps/v1", "DaemonSet", "bwstack-sglang-sm120")
+    pod = doc["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    match = {e["key"]: (e["operator"], e["values"]) for e in terms[0]["matchExpressions"]}
+    assert match == {
+        "nvidia.com/gpu.present": ("In", ["true"]),
+        "nvidia.com/gpu.compute.major": ("In", ["12"]),
+        "nvidia.com/gpu.compute.minor": ("In", ["0"]),
+        "nvidia.com/gpu.count": ("Gt", ["7"]),
+    }
+    preflight, provision = pod["initContainers"]
+    assert preflight["command"] == spec.preflight_command
+    assert preflight["command"][:4] == ["invoke", "preflight", "--recipe", "sglang"]
+    assert provision["command"][:4] == ["invoke", "provision", "--image", spec.image]
+    assert preflight["resources"]["limits"]["nvidia.com/gpu"] == 8 == provision["resources"]["limits"]["nvidia.com/gpu"]
+    shm = {v["name"]: v for v in pod["volumes"]}["dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in preflight["volumeMounts"]
+    assert validate_daemonset(files[fleet.DAEMONSET], spec) == []
+
+
+def test_daemonset_passes_the_kubernetes_schema(files: dict[str, str]) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate.validate(yaml.safe_load(files[fleet.DAEMONSET]), "1.30", strict=True)
+
+
+def test_playbook_runs_preflight_then_provision_with_the_recipe_values(spec: FleetSpec, files: dict[str, str]) -> None:
+    (play,) = yaml.safe_load(files[fleet.PLAYBOOK])
+    assert play["vars"]["bwstack_recipe"] == "sglang" and play["vars"]["bwstack_tp"] == 8
+    assert play["vars"]["bwstack_image"] == spec.image
+    (block,) = [t for t in play["tasks"] if "block" in t]
+    steps = [t["ansible.builtin.command"]["argv"][1] for t in block["block"]]
+    assert steps == ["preflight", "provision"]
+    assert block["always"][0]["ansible.builtin.fetch"]["fail_on_missing"] is False
+    assert validate_playbook(files[fleet.PLAYBOOK], spec) == []
+
+
+def test_validators_catch_broken_manifests(spec: FleetSpec, files: dict[str, str]) -> None:
+    daemonset = files[fleet.DAEMONSET]
+    problems = validate_daemonset(daemonset.replace("nvidia.com/gpu: 8", "nvidia.com/gpu: 1", 1), spec)
+    assert problems == ["preflight: resources.limits nvidia.com/gpu must be 8"]
+    problems = validate_daemonset(daemonset.replace("mountPath: /dev/shm", "mountPath: /scratch"), spec)
+    assert any("/dev/shm" in p for p in problems)
+    problems = validate_daemonset(daemonset.replace("nvidia.com/gpu.present", "example.com/gpu"), spec)
+    assert "no node affinity or nodeSelector on nvidia.com/gpu.present" in problems
+    assert validate_daemonset("kind: [", spec)[0].startswith("daemonset.yaml is not YAML")
+
+    playbook = files[fleet.PLAYBOOK]
+    problems = validate_playbook(playbook.replace("{{ bwstack_reports }}/preflight.json", "{{ reports }}/p.json"), spec)
+    assert problems == ["play 0: uses undefined variable 'reports'"]
+    problems = validate_playbook(playbook.replace("ansible.builtin.fetch", "fetch"), spec)
+    assert len(problems) == 1 and "found ['fetch']" in problems[0]
+    problems = validate_playbook(playbook.replace("- preflight\n", "- prefight\n"), spec)
+    assert problems == ["play 0: no task runs `invoke preflight`"]
+
+
+def test_render_refuses_names_kubernetes_would_reject(spec: FleetSpec) -> None:
+    with pytest.raises(RenderError, match="not valid Kubernetes names"):
+        render_fleet(dataclasses.replace(spec, recipe="SGLang_v2"))
+
+
+def test_write_fleet(spec: FleetSpec, tmp_path: Path) -> None:
+    written = fleet.write_fleet(spec, tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in written] == [
+        "fleet/sglang-sm120/daemonset.yaml",
+        "fleet/sglang-sm120/playbook.yml",
+    ]
