@@ -142,6 +142,7 @@ def test_missing_shard_fails_naming_the_file(checkpoint: Path) -> None:
     assert "1 of 4 shards the index names are missing: model-00003-of-00004.safetensors" in index.finding
     assert index.evidence["missing"] == ["model-00003-of-00004.safetensors"]
     assert found["model.shards"].status is Status.PASS  # the three present shards are fine
+    assert found["model.tensors"].status is Status.PASS  # the index's total_size is not compared when incomplete
     assert found["model.fit"].status is Status.SKIP  # no GPU memory given
 
 
@@ -271,3 +272,14 @@ def test_absurd_header_length_is_refused_without_reading_it(tmp_path: Path) -> N
     path.write_bytes(struct.pack("<Q", 5000) + b"{}")
     with pytest.raises(ShardError, match="runs past the end"):
         read_header(path)
+
+
+def test_index_total_size_that_disagrees_with_the_headers_warns(checkpoint: Path) -> None:
+    index_path = checkpoint / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["metadata"]["total_size"] += 1
+    index_path.write_text(json.dumps(index))
+    tensors = by_name(check_model(checkpoint)[0])["model.tensors"]
+    assert (
+        tensors.status is Status.WARN and tensors.evidence["index_total_size"] == tensors.evidence["weight_bytes"] + 1
+    )

@@ -69,7 +69,11 @@ def _names(items: list[str]) -> str:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
+    """Bytes in decimal units, as model cards and nvidia-smi's GB speak."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def summarize_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -225,7 +229,7 @@ def check_model(
             Check("model.shards", Status.PASS, readable + ", sizes match their headers", {"read": len(headers)})
         )
 
-    checks.append(_check_tensors(weight_map, headers, index_meta, summary))
+    checks.append(_check_tensors(weight_map, headers, index_meta, summary, complete=not (missing or bad)))
     checks.append(_check_fit(summary, complete=not (missing or bad)))
     return checks, summary
 
@@ -235,6 +239,8 @@ def _check_tensors(
     headers: dict[str, ShardHeader],
     index_meta: dict[str, Any],
     summary: ModelSummary,
+    *,
+    complete: bool,
 ) -> Check:
     where: dict[str, list[str]] = defaultdict(list)
     for name, header in headers.items():
@@ -275,7 +281,7 @@ def _check_tensors(
         )
     finding = f"{len(where)} tensors, {_gb(summary.weight_bytes)} of weights, each named once"
     total = index_meta.get("total_size")
-    if isinstance(total, int) and headers and total != summary.weight_bytes:
+    if isinstance(total, int) and complete and total != summary.weight_bytes:
         evidence["index_total_size"] = total
         return Check("model.tensors", Status.WARN, finding + f"; the index's total_size says {total} bytes", evidence)
     return Check("model.tensors", Status.PASS, finding, evidence)
