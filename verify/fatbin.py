@@ -7,9 +7,10 @@ reads ~100 bytes per entry with os.pread, so a 1 GB .so costs a few hundred smal
 
 Choices, so the reader agrees with `cuobjdump --list-elf/--list-ptx`:
 - The target and its `a`/`f` suffix come from the entry header (arch number, flags 0x100000/0x200000).
-  We do not open cubins to read e_flags: nvcc 12.x and 13.x set the header bits for every `a`/`f`
-  cubin we have seen (the fixtures and sgl-kernel's released wheels), the header is what the driver
-  matches on, and reading e_flags would mean decompressing the start of every compressed cubin.
+  We do not open cubins to read e_flags: the header bits matched cuobjdump's cubin-derived names on
+  every cubin checked (the fixtures, nvcc 13.0; sgl-kernel 0.1.0 and 0.3.21 and sglang-kernel 0.4.10,
+  ABI v7 and v8 cubins), and CUDA 13's e_flags do not even tell sm_90 from sm_90a (that lives in
+  `.nv.compat`, at the end of the cubin), so checking would mean decompressing whole cubins.
 - Names: sass `sm_120a`, PTX `compute_120` (nvcc's spelling; cuobjdump's listing says `sm_120.ptx`),
   LTO-IR `lto_90` (nvcc's `code=lto_90`). Unlike cuobjdump's --list-elf we keep the `f` on cubins.
 - Entry kinds other than PTX (1), cubin (2) and LTO-IR (8) are skipped: nothing can be said about
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -71,7 +72,7 @@ class FatbinEntry:
     uncompressed_size: int
     offset: int
     isa_version: str
-    kernels: tuple[str, ...] = field(default=(), compare=False)
+    kernels: tuple[str, ...] = ()  # filled only by read_entries(..., kernels=True)
 
     @property
     def arch(self) -> str:
@@ -230,7 +231,7 @@ def _with_kernels(source: elf.Source, entry: FatbinEntry) -> FatbinEntry:
         names = tuple(m.group(1).decode("ascii", "replace") for m in _PTX_ENTRY.finditer(data))
     else:
         names = tuple(elf.kernel_symbols(elf.BytesSource(data, label)))
-    return FatbinEntry(**{**entry.__dict__, "kernels": names})
+    return replace(entry, kernels=names)
 
 
 def decompress(source: elf.Source, entry: FatbinEntry) -> bytes:

@@ -13,11 +13,8 @@ from bwstack.errors import FatbinError
 _MIN_MATCH = 4
 
 
-def decompress_block(src: bytes, limit: int, *, label: str = "lz4 block", stop_after: int | None = None) -> bytes:
-    """Decode one LZ4 block. Raises FatbinError if it is malformed or would exceed `limit` bytes.
-
-    `stop_after`: return as soon as at least this many bytes are decoded (a prefix, e.g. an ELF header).
-    """
+def decompress_block(src: bytes, limit: int, *, label: str = "lz4 block") -> bytes:
+    """Decode one LZ4 block. Raises FatbinError if it is malformed or would exceed `limit` bytes."""
     out = bytearray()
     pos, end = 0, len(src)
     while pos < end:
@@ -30,7 +27,7 @@ def decompress_block(src: bytes, limit: int, *, label: str = "lz4 block", stop_a
             raise FatbinError(f"{label}: decodes to more than the {limit} bytes its header promised")
         out += src[pos : pos + literals]
         pos += literals
-        if pos == end or (stop_after is not None and len(out) >= stop_after):
+        if pos == end:
             break  # the last sequence carries literals only
         if pos + 2 > end:
             raise FatbinError(f"{label}: match offset cut off at byte {pos}")
@@ -49,8 +46,6 @@ def decompress_block(src: bytes, limit: int, *, label: str = "lz4 block", stop_a
             # Overlapping copy: the match repeats the last `offset` bytes (run-length style).
             pattern = bytes(out[start:])
             out += (pattern * (match // offset + 1))[:match]
-        if stop_after is not None and len(out) >= stop_after:
-            break
     return bytes(out)
 
 
