@@ -8,6 +8,7 @@ tracemalloc, with and without kernel listing (which decompresses).
 
 from __future__ import annotations
 
+import os
 import struct
 import tracemalloc
 from datetime import timedelta
@@ -218,3 +219,11 @@ def test_hostile_section_and_container_fields(scratch: Path) -> None:
         scratch.write_bytes(patch(data, offset, width, value))
         with pytest.raises(FatbinError, match=message):
             read_entries(scratch)
+
+
+def test_not_a_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.so"
+    os.mkfifo(fifo)
+    for path in (tmp_path, fifo):
+        with pytest.raises(FatbinError, match="not a regular file"):
+            read_entries(path)

@@ -10,6 +10,7 @@ read past the end, allocate a size it invents, or loop.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,7 +55,10 @@ class FileSource:
 
     def read(self, offset: int, length: int) -> bytes:
         check_range(self, offset, length, "read")
-        data = os.pread(self.fd, length, offset)
+        try:
+            data = os.pread(self.fd, length, offset)
+        except OSError as error:
+            raise FatbinError(f"{self.label}: read failed at offset {offset}: {error.strerror or error}") from error
         if len(data) != length:  # the file shrank under us
             raise FatbinError(f"{self.label}: short read of {length} bytes at offset {offset}")
         return data
@@ -202,10 +206,13 @@ def kernel_symbols(source: Source) -> Iterator[str]:
 def open_file(path: Path) -> Iterator[FileSource]:
     """A FileSource on `path`, closed on exit; an unreadable path is a FatbinError naming it."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK so a FIFO or device cannot stall us before the regular-file check below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as error:
         raise FatbinError(f"{path}: cannot open: {error.strerror or error}") from error
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FatbinError(f"{path}: not a regular file")
         yield FileSource(fd, str(path))
     finally:
         os.close(fd)
