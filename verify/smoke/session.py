@@ -1,0 +1,186 @@
+"""One smoke run, start to finish: refuse a busy port, launch, watch, diagnose, stop everything, report."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bwstack.errors import SmokeError
+from bwstack.report import Report
+from verify.smoke import diagnose as dx
+from verify.smoke.activity import ActivityMonitor
+from verify.smoke.cleanup import CleanupResult
+from verify.smoke.gpu import GpuSampler, open_gpu_sampler
+from verify.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
+from verify.smoke.logfollow import FileFollower
+from verify.smoke.phases import PhaseTracker, vocabulary
+from verify.smoke.probe import ReadinessProbe, port_open
+from verify.smoke.reporting import build_report
+from verify.smoke.request import ServerCommand, SmokeRequest, resolve_command
+from verify.smoke.watch import Outcome, Verdict, WatchConfig, Watcher
+
+Progress = Callable[[str], None]
+
+
+def _stamped(progress: Progress | None) -> Progress:
+    """Progress lines for people watching a long start: seconds since the run began, then the text."""
+    if progress is None:
+        return lambda _line: None
+    started = time.monotonic()
+    target = progress
+    return lambda line: target(f"[{time.monotonic() - started:7.1f}s] smoke: {line}")
+
+
+def _gpus(request: SmokeRequest, gpu: GpuSampler) -> str:
+    if request.gpus != "auto":
+        return request.gpus
+    return "all" if gpu.available and gpu.read() else "none"
+
+
+def _log_tail_text(path: Path, limit: int = 1 << 20) -> list[str]:
+    """The last `limit` bytes of the log as lines (a crash's traceback can sit above the last 50 lines)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            data = handle.read()
+    except OSError:
+        return []
+    return re.split(r"\r\n|\r|\n", data.decode("utf-8", errors="replace"))
+
+
+def _diagnose(
+    outcome: Outcome, server: Server, tracker: PhaseTracker, probe: ReadinessProbe, gpu: GpuSampler, progress: Progress
+) -> dx.Diagnosis:
+    processes = dx.snapshot_processes(server.tree.refresh())
+    gpu_info = dx.gpu_evidence(gpu)
+    notes: list[str] = []
+    if tracker.listen_url:
+        said = re.search(r":(\d+)(?:/|$)", tracker.listen_url)
+        if said and int(said.group(1)) != probe.port:
+            notes.append(f"the server says it runs on {tracker.listen_url}, but smoke probes port {probe.port}")
+    signatures = dx.match_signatures(_log_tail_text(server.log_path))
+    if outcome.verdict is Verdict.READY:
+        return dx.Diagnosis(summary="ready", processes=processes, gpu=gpu_info, py_spy={}, notes=notes)
+    if outcome.verdict is Verdict.CRASH:
+        exit_text = outcome.exit.describe() if outcome.exit else "exited"
+        causes = [] if signatures else dx.crash_causes(str(server.log_path))
+        if outcome.exit and (outcome.exit.oom_killed or outcome.exit.signal == 9 or outcome.exit.code == 137):
+            notes.append("killed by SIGKILL: often the kernel's OOM killer (check dmesg) or a container memory limit")
+        matched = f"; matched {', '.join(s.signature.name for s in signatures)}" if signatures else ""
+        return dx.Diagnosis(
+            summary=f"{exit_text}{matched}",
+            processes=processes,
+            gpu=gpu_info,
+            py_spy={},
+            likely_causes=causes,
+            signatures=signatures,
+            notes=notes,
+        )
+    python = [p["pid"] for p in processes if p["python"]]
+    progress(f"diagnosing: {len(processes)} processes, py-spy on {len(python)} Python processes")
+    py_spy = dx.py_spy_dumps(python, dx.find_py_spy())
+    gpu_text = (
+        ", ".join(f"GPU{g['index']} {g['util_percent']}% {g['memory_used_mib']} MiB" for g in gpu_info["gpus"])
+        if gpu_info["available"]
+        else f"GPU unavailable ({gpu_info['reason']})"
+    )
+    return dx.Diagnosis(
+        summary=f"{dx.process_summary(processes)}; py-spy: {py_spy['note']}; {gpu_text}",
+        processes=processes,
+        py_spy=py_spy,
+        gpu=gpu_info,
+        likely_causes=dx.causes_for(
+            outcome.phase,
+            busy=outcome.verdict is Verdict.TIMEOUT,
+            failing_probe=probe.current if outcome.verdict is Verdict.UNHEALTHY else None,
+        ),
+        signatures=signatures,
+        notes=notes,
+    )
+
+
+def _launch(request: SmokeRequest, command: ServerCommand, log_path: Path, gpus: str) -> Server:
+    spec = LaunchSpec(
+        argv=command.argv,
+        log_path=log_path,
+        env=dict(request.env),
+        image=request.image,
+        model_dir=request.model,
+        gpus=gpus,
+        shm_size=request.shm_size,
+        name=unique_name(command.port),
+    )
+    if request.image:
+        return ContainerServer.start(spec, docker_client())
+    return ProcessServer.start(spec)
+
+
+def run_smoke(
+    request: SmokeRequest,
+    *,
+    progress: Progress | None = None,
+    gpu: GpuSampler | None = None,
+) -> Report:
+    """Start the server, follow it to a verdict, diagnose, stop everything, and report.
+
+    Raises SmokeError / DockerError / RecipeError (exit 2) when it cannot start at all: a busy port,
+    a bad command, an unreachable engine, a missing model folder or recipe.
+    """
+    say = _stamped(progress)
+    command = resolve_command(request)
+    vocab = vocabulary(command.engine)
+    if request.image:
+        docker_client().close()  # an unreachable engine is exit 2 before anything starts
+    if port_open(request.host, command.port):
+        raise SmokeError(
+            f"something already listens on {request.host}:{command.port}; smoke never tests a server it did not start",
+            remedy="stop that server or pick another --port",
+        )
+    log_path = request.log_path or Path(tempfile.mkdtemp(prefix="bwstack-smoke-")) / "server.log"
+    sampler = gpu or open_gpu_sampler()
+    probe = ReadinessProbe(request.host, command.port)
+    cleanup: CleanupResult | None = None
+    try:
+        server = _launch(request, command, log_path, _gpus(request, sampler))
+        tracker = PhaseTracker(vocab)
+        follower = FileFollower(log_path)
+        try:
+            watcher = Watcher(
+                server,
+                follower,
+                tracker,
+                ActivityMonitor(server.tree, sampler),
+                probe,
+                WatchConfig(request.startup_timeout_s, request.stall_timeout_s, poll_s=request.poll_s),
+                progress=say,
+            )
+            outcome = watcher.run()
+            diagnosis = _diagnose(outcome, server, tracker, probe, sampler, say)
+        finally:
+            say(f"stopping {server.describe()}")
+            cleanup = server.stop(request.grace_s)
+            say(
+                "stopped: nothing left running"
+                if cleanup.clean
+                else f"stopped, but still running: {cleanup.left_running or 'the container'}"
+            )
+        follower.read_all_new()
+        return build_report(
+            request=request,
+            command=command,
+            server=server,
+            outcome=outcome,
+            diagnosis=diagnosis,
+            cleanup=cleanup,
+            probe=probe,
+            log_tail=follower.tail(),
+        )
+    finally:
+        probe.close()
+        if gpu is None:
+            sampler.close()  # only what this run opened
