@@ -1,0 +1,91 @@
+"""smoke against a real container: a FROM-scratch busybox image carrying images/demo/server (the demo
+image's server), run through the Docker SDK with host networking on a free port."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from emulator.support import DEMO_SERVER, free_port
+
+from verify.smoke import SmokeRequest, run_smoke
+from verify.smoke.launch import SMOKE_LABEL
+
+pytestmark = pytest.mark.docker
+
+DOCKERFILE = """\
+FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+COPY server/ /srv/bwstack-demo/
+CMD ["/srv/bwstack-demo/entrypoint.sh"]
+"""
+
+
+@pytest.fixture(scope="module")
+def demo_image(docker_client: Any, static_busybox: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    context = tmp_path_factory.mktemp("smoke-demo")
+    shutil.copy(static_busybox, context / "busybox")
+    shutil.copytree(DEMO_SERVER, context / "server")
+    (context / "Dockerfile").write_text(DOCKERFILE)
+    tag = f"bwstack-smoke-demo:{uuid.uuid4().hex[:12]}"
+    docker_client.images.build(path=str(context), tag=tag, rm=True, forcerm=True)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
+def smoke_containers(client: Any) -> list[Any]:
+    return client.containers.list(all=True, filters={"label": SMOKE_LABEL})
+
+
+def run(image: str, scenario: str, client: Any, tmp_path: Path) -> dict[str, Any]:
+    assert not smoke_containers(client)
+    port = free_port()
+    command = ("/srv/bwstack-demo/entrypoint.sh", "--port", str(port), "--model-path", str(tmp_path))
+    request = SmokeRequest(
+        command=command,
+        model=tmp_path,  # mounted read-only at the same path
+        image=image,
+        port=port,
+        gpus="none",
+        env={"DEMO_SCENARIO": scenario},
+        startup_timeout_s=15,
+        stall_timeout_s=1.5,
+        grace_s=2,
+    )
+    data = run_smoke(request).to_dict()
+    assert not smoke_containers(client), "the smoke container was left behind"
+    assert data["cleanup"]["container_removed"] is True and data["cleanup"]["clean"]
+    assert not [p["pid"] for p in data["processes"] if psutil.pid_exists(p["pid"]) and _not_zombie(p["pid"])]
+    return data
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_demo_server_container_is_ready(demo_image: str, docker_client: Any, tmp_path: Path) -> None:
+    data = run(demo_image, "healthy", docker_client, tmp_path)
+    assert (data["verdict"], data["phase"]) == ("ready", "ready")
+    assert data["completion_text"] == " Paris."
+    assert data["probes"]["models"]["detail"] == f"serves {tmp_path}"
+    assert "container" in data["checks"][1]["finding"]
+    names = {p["name"] for p in data["processes"]}
+    assert {"docker-init", "nc"} <= names  # the tree was sampled from the host: init, shell, the server
+
+
+def test_incident_in_a_container_is_a_hang_in_shards_loaded(
+    demo_image: str, docker_client: Any, tmp_path: Path
+) -> None:
+    data = run(demo_image, "incident", docker_client, tmp_path)
+    assert (data["verdict"], data["phase"]) == ("hang", "shards-loaded")
+    assert data["log_tail"][-1].startswith("Loading safetensors checkpoint shards: 100% Completed | 16/16")
+    assert {p["state"] for p in data["processes"]} == {"S"} and len(data["processes"]) >= 4

@@ -1,0 +1,154 @@
+"""smoke's inputs: flags to a request (exit 2 on bad input), the recipe's serve command, container options."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from emulator.support import free_port, processes_mentioning
+
+import recipes
+from bwstack.errors import SmokeError
+from verify.smoke import SmokeRequest, run_smoke
+from verify.smoke.launch import ContainerServer, LaunchSpec
+from verify.smoke.request import resolve_command
+
+FLAGS: dict[str, Any] = {
+    "command": None,
+    "model": None,
+    "image": None,
+    "recipe": "sglang",
+    "port": None,
+    "host": "127.0.0.1",
+    "startup_timeout": "1800",
+    "stall_timeout": "120",
+    "engine": None,
+    "log": None,
+}
+
+
+def flags(**changes: Any) -> SmokeRequest:
+    return SmokeRequest.from_flags(**{**FLAGS, **changes})
+
+
+def test_flags_become_a_typed_request() -> None:
+    request = flags(command="python3 -m http.server '8 0'", port="8000", stall_timeout="7.5", env=["A=1", "B=x=y"])
+    assert request.command == ("python3", "-m", "http.server", "8 0")
+    assert (request.port, request.stall_timeout_s, request.env) == (8000, 7.5, {"A": "1", "B": "x=y"})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({}, "nothing to start"),
+        ({"command": "x", "port": "eighty"}, "--port 'eighty' is not a whole number"),
+        ({"command": "x", "port": "70000"}, "not in 1..65535"),
+        ({"command": "x 'unclosed", "port": "1"}, "does not parse"),
+        ({"command": "x", "port": "1", "stall_timeout": "0"}, "stall_timeout_s must be positive"),
+        ({"command": "x", "port": "1", "env": ["NOEQUALS"]}, "is not KEY=VALUE"),
+        ({"command": "x", "port": "1", "gpus": "some"}, "--gpus 'some'"),
+        ({"model": "/does/not/exist"}, "model folder /does/not/exist does not exist"),
+    ],
+)
+def test_bad_flags_are_smoke_errors(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(SmokeError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        flags(**changes)
+
+
+def test_command_needs_a_port() -> None:
+    with pytest.raises(SmokeError, match="--port is required with --command"):
+        resolve_command(flags(command="server"))
+
+
+def test_the_recipe_api_gives_command_port_and_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class FakeRecipe:
+        serve = SimpleNamespace(port=31000, engine="vllm")
+
+        def serve_command(self, model_path: str, *, host: str, port: int) -> list[str]:
+            calls.append((model_path, host, port))
+            return ["serve", model_path, str(port)]
+
+    monkeypatch.setattr(recipes, "load_recipe", lambda name: calls.append(("load", name)) or FakeRecipe())
+    command = resolve_command(SmokeRequest(model=tmp_path, recipe="kimi"))
+    assert calls == [("load", "kimi"), (str(tmp_path), "127.0.0.1", 31000)]
+    assert (command.argv, command.port, command.engine) == (("serve", str(tmp_path), "31000"), 31000, "vllm")
+    assert resolve_command(SmokeRequest(model=tmp_path, recipe="kimi", port=9, engine="sglang")).port == 9
+
+
+def test_the_sglang_recipe_runs_sglang_and_a_missing_sglang_is_a_crash_with_its_remedy(tmp_path: Path) -> None:
+    if subprocess.run(["python3", "-c", "import sglang"], capture_output=True).returncode == 0:
+        pytest.skip("sglang is installed here: the recipe would really start it")
+    port = free_port()
+    request = SmokeRequest(model=tmp_path, recipe="sglang", port=port, stall_timeout_s=5, startup_timeout_s=20)
+    expected = recipes.load_recipe("sglang").serve_command(str(tmp_path), host="127.0.0.1", port=port)
+    data = run_smoke(request).to_dict()
+    assert data["command"] == expected and "--model-path" in expected and str(port) in expected
+    assert (data["verdict"], data["phase"], data["engine"]) == ("crash", "launching", "sglang")
+    assert [s["name"] for s in data["diagnosis"]["signatures"]] == ["missing-module"]
+    assert "sglang" in data["diagnosis"]["signatures"][0]["line"]
+
+
+def test_a_busy_port_is_refused_before_anything_starts() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SmokeError, match=f"something already listens on 127.0.0.1:{port}"):
+            run_smoke(SmokeRequest(command=("sleep", "4711.25"), port=port))
+    assert not processes_mentioning("sleep 4711.25")
+
+
+class FakeContainers:
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, dict[str, Any]]] = []
+
+    def run(self, image: str, **options: Any) -> Any:
+        self.runs.append((image, options))
+        raise StopLaunch
+
+
+class StopLaunch(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("gpus", "shm", "expected_devices", "ipc"),
+    [
+        ("all", None, [{"Count": -1, "Capabilities": [["gpu"]]}], {"ipc_mode": "host"}),
+        ("0,3", "32g", [{"DeviceIDs": ["0", "3"]}], {"shm_size": "32g"}),
+        ("none", None, [], {"ipc_mode": "host"}),
+    ],
+)
+def test_container_options(tmp_path: Path, gpus: str, shm: str | None, expected_devices: list, ipc: dict) -> None:
+    client = SimpleNamespace(containers=FakeContainers())
+    spec = LaunchSpec(
+        argv=("serve", "--port", "1"),
+        log_path=tmp_path / "log",
+        env={"NCCL_P2P_DISABLE": "1"},
+        image="stack:tag",
+        model_dir=tmp_path,
+        gpus=gpus,
+        shm_size=shm,
+        name="bwstack-smoke-test",
+    )
+    with pytest.raises(StopLaunch):
+        ContainerServer.start(spec, client)
+    image, options = client.containers.runs[0]
+    assert image == "stack:tag" and options["command"] == ["serve", "--port", "1"]
+    assert options["network_mode"] == "host" and options["init"] is True and options["detach"] is True
+    assert options["volumes"] == {str(tmp_path): {"bind": str(tmp_path), "mode": "ro"}}
+    assert options["environment"] == {"PYTHONUNBUFFERED": "1", "NCCL_P2P_DISABLE": "1"}
+    assert options["labels"] == {"bwstack.smoke": "1"}
+    for key, value in ipc.items():
+        assert options[key] == value
+    assert not ({"ipc_mode", "shm_size"} - set(ipc)) & set(options)
+    devices = [{k: v for k, v in d.items() if v} for d in options["device_requests"]]
+    assert [{k: v for k, v in d.items() if k in e} for d, e in zip(devices, expected_devices, strict=True)] == (
+        expected_devices
+    )
