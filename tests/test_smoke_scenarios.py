@@ -96,6 +96,8 @@ def test_incident_is_a_hang_in_shards_loaded_named_within_stall_timeout(port: in
     dumps = data["diagnosis"]["py_spy"]["dumps"]
     assert len(dumps) == 3 and all(d["ok"] for d in dumps)
     assert sum("post_load_weight_processing" in d["text"] for d in dumps) == 2  # both ranks, asleep there
+    assert "main threads in post_load_weight_processing x2" in data["diagnosis"]["summary"]
+    assert sum("main thread in post_load_weight_processing" in line for line in lines) == 2
     assert data["diagnosis"]["gpu"]["available"] is False and data["diagnosis"]["gpu"]["reason"]
     tries = [t for cause in data["diagnosis"]["likely_causes"] for t in cause["try"]]
     assert any("invoke verify" in t for t in tries) and any("NCCL_P2P_DISABLE=1" in t for t in tries)
@@ -207,3 +209,13 @@ def test_env_reaches_the_server(tmp_path: Path) -> None:
     data = run_smoke(request).to_dict()
     assert (data["verdict"], data["exit"]["code"]) == ("crash", 3)
     assert log.read_text() == "NCCL_P2P_DISABLE=1\n" and data["log_path"] == str(log)
+
+
+def test_a_port_that_accepts_but_never_answers_is_a_hang_in_listening() -> None:
+    port = free_port()
+    server = f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
+    _, data, _ = smoke((sys.executable, "-c", server), port)
+    assert (data["verdict"], data["phase"]) == ("hang", "listening")
+    assert "no HTTP reply" in data["summary"] and data["probes"]["health"]["detail"].startswith("no reply within")
+    assert data["elapsed_s"] <= data["listening_after_s"] + STALL + 2
+    assert not processes_mentioning(f"s.bind(('127.0.0.1', {port}))")

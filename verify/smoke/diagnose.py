@@ -279,6 +279,21 @@ def py_spy_dumps(pids: Sequence[int], py_spy: Path | None, *, timeout_s: float =
     return {"available": True, "note": f"{ok} of {len(dumps)} Python processes dumped", "dumps": dumps}
 
 
+def main_thread_frame(dump: str) -> str | None:
+    """The innermost frame of the main thread in a `py-spy dump` ("function (file.py:line)").
+
+    The main thread is the one named MainThread, or (unnamed when `threading` was never imported)
+    the one whose thread id is the process id.
+    """
+    lines = dump.splitlines()
+    pid = re.match(r"Process (\d+):", lines[0]) if lines else None
+    for index, line in enumerate(lines):
+        main = '"MainThread"' in line or (pid is not None and line.startswith(f"Thread {pid.group(1)} "))
+        if line.startswith("Thread ") and main and index + 1 < len(lines):
+            return lines[index + 1].strip() or None
+    return None
+
+
 def gpu_evidence(gpu: GpuSampler) -> dict[str, Any]:
     if not gpu.available:
         return {"available": False, "reason": gpu.reason, "gpus": []}

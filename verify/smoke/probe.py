@@ -108,7 +108,7 @@ class ReadinessProbe:
         started = time.monotonic()
         if name == "tcp":
             ok = port_open(self.host, self.port)
-            result = ProbeResult("tcp", ok, "accepting" if ok else "nothing listening")
+            result = ProbeResult("tcp", ok, "accepting" if ok else f"nothing listening on {self.host}:{self.port}")
         else:
             timeout = self.completion_timeout_s if name == "completion" else self.request_timeout_s
             if budget_s is not None:

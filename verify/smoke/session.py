@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,13 +85,24 @@ def _diagnose(
     python = [p["pid"] for p in processes if p["python"]]
     progress(f"diagnosing: {len(processes)} processes, py-spy on {len(python)} Python processes")
     py_spy = dx.py_spy_dumps(python, dx.find_py_spy())
+    frames = {d["pid"]: dx.main_thread_frame(d["text"]) for d in py_spy["dumps"] if d["ok"]}
+    for p in processes:
+        where = f"; main thread in {frames[p['pid']]}" if frames.get(p["pid"]) else ""
+        progress(
+            f"  pid {p['pid']} {p['state']} wchan={p['wchan'] or '-'} threads={p['threads']} "
+            f"cpu={p['cpu_user_s'] + p['cpu_system_s']:.2f}s {p['name']}{where}"
+        )
+    functions = Counter(f.split(" (")[0] for f in frames.values() if f)
+    stacks = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in functions.most_common())
     gpu_text = (
         ", ".join(f"GPU{g['index']} {g['util_percent']}% {g['memory_used_mib']} MiB" for g in gpu_info["gpus"])
         if gpu_info["available"]
         else f"GPU unavailable ({gpu_info['reason']})"
     )
     return dx.Diagnosis(
-        summary=f"{dx.process_summary(processes)}; py-spy: {py_spy['note']}; {gpu_text}",
+        summary=f"{dx.process_summary(processes)}; py-spy: {py_spy['note']}"
+        + (f" (main threads in {stacks})" if stacks else "")
+        + f"; {gpu_text}",
         processes=processes,
         py_spy=py_spy,
         gpu=gpu_info,
@@ -143,7 +155,10 @@ def run_smoke(
         )
     log_path = request.log_path or Path(tempfile.mkdtemp(prefix="bwstack-smoke-")) / "server.log"
     sampler = gpu or open_gpu_sampler()
-    probe = ReadinessProbe(request.host, command.port)
+    # a request that never returns blocks the watch loop: keep it well inside the stall timeout
+    probe = ReadinessProbe(
+        request.host, command.port, request_timeout_s=min(5.0, max(0.5, request.stall_timeout_s / 2))
+    )
     cleanup: CleanupResult | None = None
     try:
         server = _launch(request, command, log_path, _gpus(request, sampler))
