@@ -38,6 +38,8 @@ class Check:
     finding: str
     evidence: dict[str, Any] = field(default_factory=dict)
     remedy: str | None = None
+    # A failure of the surroundings (daemon down, registry unreachable), not of the thing checked: exit 2.
+    infrastructure: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +48,7 @@ class Check:
             "finding": self.finding,
             "evidence": self.evidence,
             "remedy": self.remedy,
+            "infrastructure": self.infrastructure,
         }
 
 
@@ -64,6 +67,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
+        """0 all passed, 1 a check failed, 2 the infrastructure failed (the check could not be made)."""
+        if any(c.infrastructure for c in self.failures()):
+            return 2
         return 0 if self.ok else 1
 
     def add(self, check: Check) -> Check:

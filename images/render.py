@@ -105,18 +105,30 @@ def _require_sections(recipe: Recipe) -> Any:
     return require
 
 
-def template_files() -> list[Path]:
-    return sorted(p for p in TEMPLATES_DIR.rglob("*.j2") if p.is_file())
+def template_files(template: str) -> list[Path]:
+    """The files that can shape an image: its own template and every partial (not e.g. fleet manifests)."""
+    return [TEMPLATES_DIR / template, *sorted((TEMPLATES_DIR / "partials").glob("*.j2"))]
 
 
-def content_digest(recipe: Recipe, arch: Arch) -> str:
-    """sha256 of what decides an image's content: the parsed recipe, the arch and every template."""
+def content_digest(recipe: Recipe, arch: Arch, context_files: dict[str, str] | None = None) -> str:
+    """sha256 of what decides an image's content: the parsed recipe, the arch, every template and the
+    files copied into the build context (a demo stack's package and server)."""
     digest = hashlib.sha256()
     digest.update(recipe.digest.encode())
     digest.update(arch.name.encode())
-    for path in template_files():
+    for path in template_files(recipe.template):
+        if not path.is_file():
+            continue  # a missing main template is reported by render() with the recipe field named
         digest.update(path.relative_to(TEMPLATES_DIR).as_posix().encode())
         digest.update(path.read_bytes())
+    for name, shown in sorted((context_files or {}).items()):
+        root = Path(shown) if Path(shown).is_absolute() else REPO_ROOT / shown
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts:
+                continue
+            digest.update(f"{name}/{path.relative_to(root).as_posix()}".encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
@@ -152,13 +164,13 @@ def render(
 ) -> RenderedImage:
     """Render `recipe` for one arch. Raises RecipeError/ArchError for bad input, RenderError for templates."""
     arch = recipe.resolve_arch(arch_text)
-    digest = content_digest(recipe, arch)
+    context_files = _context_files(recipe)
+    digest = content_digest(recipe, arch, context_files)
     args = {**default_build_args(recipe), **(build_args or {})}
     for key, value in args.items():
         if not str(value).isdigit() or int(value) < 1:
             raise RenderError(f"build arg {key}={value!r}: expected a whole number >= 1")
     labels = image_labels(recipe, arch, digest)
-    context_files = _context_files(recipe)
     serve_command = recipe.serve_command("/model", host="0.0.0.0", port=recipe.serve.port)
     values = {
         "recipe": recipe,
@@ -183,15 +195,24 @@ def render(
 
 
 def _context_files(recipe: Recipe) -> dict[str, str]:
-    """Files a demo stack copies into its build context (path in context -> path in this repo)."""
+    """Files a demo stack copies into its build context: name in the context -> path on this host."""
     if recipe.demo is None:
         return {}
-    package = REPO_ROOT / "tests" / "fixtures" / "packages" / recipe.demo.package
-    server = REPO_ROOT / recipe.demo.server
-    for needed in (package, server):
-        if not needed.is_dir():
-            raise RenderError(f"{recipe.path}: field demo: {needed} does not exist")
-    return {"package": str(package.relative_to(REPO_ROOT)), "server": str(server.relative_to(REPO_ROOT))}
+    wanted = {
+        "package": REPO_ROOT / "tests" / "fixtures" / "packages" / recipe.demo.package,
+        "server": REPO_ROOT / recipe.demo.server,
+        "busybox": Path(recipe.demo.busybox),
+    }
+    for name, path in wanted.items():
+        if not path.exists():
+            hint = " (apt-get install busybox-static)" if name == "busybox" else ""
+            raise RenderError(f"{recipe.path}: field demo.{name}: {path} does not exist{hint}")
+    return {name: _shown(path) for name, path in wanted.items()}
+
+
+def _shown(path: Path) -> str:
+    """Repo paths are recorded relative to the repo, so build.json is the same in every clone."""
+    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
 
 
 def write(rendered: RenderedImage, out: Path) -> Path:

@@ -73,6 +73,7 @@ class DemoSpec:
     """A stand-in stack that builds anywhere Docker runs: FROM scratch, busybox and a fixture package."""
 
     package: str  # folder under tests/fixtures/packages holding an sgl_kernel-shaped package
+    busybox: str = "/bin/busybox"  # a statically linked busybox (Debian's busybox-static)
     server: str = "images/demo/server"
 
 
@@ -86,6 +87,8 @@ class ServeSpec:
     tool_call_parser: str = ""
     reasoning_parser: str = ""
     extra_args: list[str] = field(default_factory=list)
+    # A server command of its own instead of the engine's launcher; {model}, {host}, {port} are filled in.
+    command: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ class Recipe:
 
     def serve_command(self, model_path: str, *, host: str, port: int) -> list[str]:
         """The server command line for this recipe's engine and serving defaults."""
+        if self.serve.command:
+            values = {"model": model_path, "host": host, "port": str(port)}
+            return [part.format(**values) for part in self.serve.command]
         if self.serve.engine != "sglang":
             raise RecipeError(f"{self.path}: serve.engine {self.serve.engine!r} has no command builder")
         command = ["python3", "-m", "sglang.launch_server", "--model-path", model_path]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -114,11 +115,16 @@ def test_bumping_sglang_leaves_the_sgl_kernel_layers_untouched(tmp_path: Path) -
     assert "sglang==" not in original.split("AS runtime")[0]  # the build stage never names SGLang
 
 
-def test_every_partial_is_marked(tmp_path: Path) -> None:
-    text = render(load_recipe("sglang"), "sm120").dockerfile
-    partials = sorted(p.stem for p in (TEMPLATES_DIR / "partials").glob("*.j2"))
-    for name in partials:
-        assert text.count(f"# === BEGIN {name} ===") == text.count(f"# === END {name} ===") >= 1, name
+@pytest.mark.parametrize("name", available_recipes())
+def test_every_partial_used_is_marked(name: str) -> None:
+    recipe = load_recipe(name)
+    text = render(recipe, recipe.archs[0]).dockerfile
+    template = (TEMPLATES_DIR / recipe.template).read_text()
+    used = re.findall(r'partial\("(\w+)"', template)
+    assert used
+    for partial in used:
+        assert text.count(f"# === BEGIN {partial} ===") == text.count(f"# === END {partial} ===") >= 1, partial
+    assert "FROM " in text.split("# === BEGIN")[1]  # the first partial opens a stage: nothing precedes FROM
 
 
 def test_template_naming_a_missing_field_fails_clearly(tmp_path: Path) -> None:

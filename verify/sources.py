@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from bwstack.errors import DockerError, FatbinError, SourceError
-from verify.fatbin import FatbinEntry, read_entries
+from verify.fatbin import FatbinEntry, read_entries, read_source_entries
+from verify.stream_capture import WindowMiss, capture
 
 _CHUNK = 1 << 20
 _SHARED_OBJECT_SUFFIXES = (".so",)
@@ -61,15 +62,25 @@ class Tree:
         """The fatbin entries of one binary in the tree (FatbinError for a malformed one)."""
         if self._wheel is None:
             return read_entries(self.root / relative, kernels=kernels)
+        label = f"{self.label}!{relative}"
+        if not kernels:
+            # One decompressing pass keeping only the header windows; rare layouts fall back to a copy.
+            try:
+                with self._wheel.open(relative) as member:
+                    source = capture(member, self._wheel.getinfo(relative).file_size, label)
+                return read_source_entries(source)
+            except WindowMiss:
+                pass
+            except (zipfile.BadZipFile, OSError, EOFError) as error:
+                raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
         with tempfile.NamedTemporaryFile(prefix="bwstack-member-", suffix=".so") as copy:
             try:
                 with self._wheel.open(relative) as member:
                     shutil.copyfileobj(member, copy, _CHUNK)
             except (zipfile.BadZipFile, OSError, EOFError) as error:
-                raise FatbinError(f"{self.label}!{relative}: cannot decompress wheel member: {error}") from None
+                raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
             copy.flush()
-            entries = read_entries(Path(copy.name), kernels=kernels)
-        return entries
+            return read_entries(Path(copy.name), kernels=kernels)
 
 
 def _scan_binaries(root: Path) -> list[str]:

@@ -8,6 +8,7 @@ every other CUDA binary is a warning per arch unless named with `require`, which
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -81,13 +82,17 @@ def verify_tree(
     probe_timeout: float = 30.0,
 ) -> Report:
     package_root = find_package_root(tree, import_name)
-    binaries = [_read(tree, rel, package_root, kernels) for rel in tree.binaries]
+    # The probes are child processes: run them while this process reads the binaries.
+    with ThreadPoolExecutor(max_workers=min(4, max(1, len(archs)))) as pool:
+        probes = [pool.submit(probe_loader, package_root, import_name, a.cc, timeout=probe_timeout) for a in archs]
+        binaries = [_read(tree, rel, package_root, kernels) for rel in tree.binaries]
+        loaders = [probe.result() for probe in probes]
     cuda_binaries = [b for b in binaries if b.is_cuda]
     report = Report(kind="verify", subject=tree.label)
-    targets = []
-    for arch in archs:
-        loader = probe_loader(package_root, import_name, arch.cc, timeout=probe_timeout)
-        targets.append(_judge(report, arch, loader, cuda_binaries, import_name, require))
+    targets = [
+        _judge(report, arch, loader, cuda_binaries, import_name, require)
+        for arch, loader in zip(archs, loaders, strict=True)
+    ]
     unmatched = [name for name in require if not any(_matches(b, name) for b in cuda_binaries)]
     for name in unmatched:
         report.add(

@@ -1,0 +1,374 @@
+"""build: render, build through the Docker SDK (classic builder), verify the image, and only then tag it.
+
+The image is built untagged. It gets its final tags (a content tag and a moving one) only after
+verify finds that the binary the package's loader picks runs on the target arch; a failing image is
+removed, so nothing half-built or unverified is ever left tagged. Intermediate containers are
+removed whatever happens (forcerm).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from rich.console import Console
+
+from bwstack.errors import DockerError, LoaderProbeError, SourceError
+from bwstack.report import Check, Report, Status
+from images.build_errors import classify_failure
+from images.render import REPO_ROOT, RenderedImage
+from verify import sources
+from verify.verify import verify_tree
+
+GB = 1 << 30
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # RUN output may carry colour codes; logs and findings do not
+NVCC_GB_PER_THREAD = 4  # FIELD-NOTES 4: 3-5 GB per nvcc thread; size for the middle
+
+
+def size_build_jobs(ram_bytes: int, cpus: int, nvcc_threads: int) -> int:
+    """MAX_JOBS such that MAX_JOBS x NVCC_THREADS x 4 GB fits in RAM (and no more jobs than CPUs)."""
+    by_ram = ram_bytes // (NVCC_GB_PER_THREAD * GB * max(1, nvcc_threads))
+    return max(1, min(cpus, by_ram))
+
+
+@dataclass
+class StepLog:
+    """What the build stream said, step by step."""
+
+    total: int = 0
+    current: int = 0
+    instruction: str = ""
+    cached: int = 0
+    run: int = 0
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=30))
+    image_id: str | None = None
+
+
+class Progress:
+    """Live progress for people on a tty; plain lines for CI logs (no control codes when not a tty)."""
+
+    def __init__(self, console: Console, *, verbose: bool = False) -> None:
+        self.console = console
+        self.verbose = verbose
+        self.started = time.monotonic()
+        self._status: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.console.is_terminal:
+            self._status = self.console.status("starting build")
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+    def _say(self, text: str) -> None:
+        elapsed = time.monotonic() - self.started
+        line = f"[{elapsed:6.1f}s] {text}"
+        if self._status is not None:
+            self._status.update(line)
+        else:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def step(self, log: StepLog) -> None:
+        self._say(f"step {log.current}/{log.total}: {log.instruction[:100]}")
+
+    def cached(self, log: StepLog) -> None:
+        if self._status is None:
+            self._say(f"step {log.current}/{log.total}: cache hit")
+
+    def output(self, line: str) -> None:
+        if self.verbose:
+            self.console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
+
+    def note(self, text: str) -> None:
+        if self._status is not None:
+            self.console.print(text, markup=False, highlight=False)
+        self._say(text)
+
+
+def connect(client: Any | None = None) -> Any:
+    """A live Docker client, or DockerError (exit 2) naming why the engine cannot be reached."""
+    try:
+        client = client or docker.from_env(timeout=600)
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise DockerError(
+            f"Docker engine unreachable: {str(error).splitlines()[0][:300]}",
+            remedy="start dockerd (systemctl start docker) or set DOCKER_HOST",
+        ) from None
+    return client
+
+
+def build_context(rendered: RenderedImage) -> io.BytesIO:
+    """A minimal, reproducible tar context: the Dockerfile plus the files the recipe names, nothing else.
+
+    Fixed mtimes, owners and order, so the same inputs give the same context and the builder's cache
+    keys for COPY stay stable across clones.
+    """
+    buffer = io.BytesIO()
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if "__pycache__" in Path(info.name).parts:
+            return None
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+        return info
+
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        data = rendered.dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(normalise(info), io.BytesIO(data))
+        for name, source in sorted(rendered.context_files.items()):
+            path = Path(source) if Path(source).is_absolute() else REPO_ROOT / source
+            _add_sorted(tar, path, name, normalise)
+    buffer.seek(0)
+    return buffer
+
+
+def _add_sorted(tar: tarfile.TarFile, path: Path, arcname: str, normalise: Any) -> None:
+    tar.add(path, arcname=arcname, recursive=False, filter=normalise)
+    if path.is_dir():
+        for child in sorted(path.iterdir()):
+            _add_sorted(tar, child, f"{arcname}/{child.name}", normalise)
+
+
+def stream_build(client: Any, rendered: RenderedImage, build_args: dict[str, str], progress: Progress) -> StepLog:
+    """Run the build and follow its stream; raise BuildFailed with the step log on an error event."""
+    log = StepLog()
+    try:
+        events: Iterator[dict[str, Any]] = client.api.build(
+            fileobj=build_context(rendered),
+            custom_context=True,
+            buildargs=build_args,
+            rm=True,
+            forcerm=True,  # remove intermediate containers even when a step fails
+            decode=True,
+            pull=False,
+        )
+        for event in events:
+            _follow(event, log, progress)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        if isinstance(error, BuildFailed):
+            raise
+        raise DockerError(f"Docker build request failed: {str(error).splitlines()[0][:300]}") from None
+    return log
+
+
+class BuildFailed(docker.errors.DockerException):
+    def __init__(self, message: str, code: int | None, log: StepLog) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.log = log
+
+
+def _follow(event: dict[str, Any], log: StepLog, progress: Progress) -> None:
+    if "error" in event:
+        detail = event.get("errorDetail") or {}
+        raise BuildFailed(str(detail.get("message") or event["error"]).strip(), detail.get("code"), log)
+    if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
+        log.image_id = event["aux"]["ID"]
+        return
+    text = event.get("stream")
+    if not isinstance(text, str):
+        return
+    for raw in _ANSI.sub("", text).replace("\r", "\n").splitlines():
+        line = raw.rstrip()
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("Step ") and " : " in stripped:
+            numbers, instruction = stripped[5:].split(" : ", 1)
+            current, _, total = numbers.partition("/")
+            if current.isdigit() and total.isdigit():
+                log.current, log.total, log.instruction = int(current), int(total), instruction
+                log.tail.clear()
+                progress.step(log)
+                continue
+        if stripped == "---> Using cache":
+            log.cached += 1
+            progress.cached(log)
+        elif stripped.startswith("---> Running in"):
+            log.run += 1
+        elif not stripped.startswith(("--->", "Successfully ", "Removing intermediate container")):
+            log.tail.append(line)
+            progress.output(line)
+
+
+def build_one(
+    client: Any,
+    rendered: RenderedImage,
+    *,
+    build_args: dict[str, str],
+    gate: bool,
+    push: bool,
+    progress: Progress,
+    report: Report,
+) -> dict[str, Any]:
+    """Build, gate and tag one recipe x arch; add its checks to `report` and return its record."""
+    arch = rendered.arch.name
+    started = time.monotonic()
+    record: dict[str, Any] = {
+        "arch": arch,
+        "recipe": rendered.recipe.name,
+        "image_id": None,
+        "tags": [],
+        "intended_tags": [rendered.tag, rendered.moving_tag],
+        "build_args": build_args,
+        "verify": None,
+    }
+    progress.note(f"building {rendered.recipe.name} for {arch} ({rendered.arch.build_target})")
+    try:
+        log = stream_build(client, rendered, build_args, progress)
+    except BuildFailed as failure:
+        record["build_seconds"] = round(time.monotonic() - started, 1)
+        record.update(_steps(failure.log))
+        report.add(classify_failure(arch, rendered, failure.message, failure.code, failure.log, build_args, client))
+        return record
+    record["build_seconds"] = round(time.monotonic() - started, 1)
+    record.update(_steps(log))
+    image = client.images.get(log.image_id)
+    record["image_id"] = image.id
+    record["size_bytes"] = image.attrs.get("Size")
+    report.add(
+        Check(
+            f"{arch} build",
+            Status.PASS,
+            f"built {image.short_id} in {record['build_seconds']} s: {log.total} steps, {log.cached} cached, "
+            f"{log.run} run",
+            {"image_id": image.id, "size_bytes": record["size_bytes"]},
+        )
+    )
+    if gate:
+        import_name = rendered.recipe.sgl_kernel.import_name if rendered.recipe.sgl_kernel else "sgl_kernel"
+        progress.note(f"verifying {image.short_id} for {arch}")
+        try:
+            with sources.open_image(image.id, import_name=import_name, client=client) as tree:
+                verdict = verify_tree(tree, [rendered.arch], import_name=import_name)
+        except (SourceError, LoaderProbeError) as error:
+            # An image verify cannot judge is refused like one that fails: it must not be tagged.
+            verdict = Report(kind="verify", subject=image.id)
+            verdict.add(Check(f"{arch} verify", Status.FAIL, error.message, remedy=error.remedy))
+        record["verify"] = verdict.to_dict()
+        if not verdict.ok:
+            failures = verdict.failures()
+            client.images.remove(image.id, force=True)
+            report.add(
+                Check(
+                    f"{arch} verify gate",
+                    Status.FAIL,
+                    f"refused to tag {image.short_id}: {failures[0].finding}",
+                    {"failures": [f.to_dict() for f in failures], "removed_image": image.id},
+                    remedy=failures[0].remedy,
+                )
+            )
+            return record
+        report.add(
+            Check(f"{arch} verify gate", Status.PASS, f"the loader-selected binary runs on {arch}", {"verify": "ok"})
+        )
+    else:
+        report.add(
+            Check(
+                f"{arch} verify gate",
+                Status.WARN,
+                f"SKIPPED (--no-verify): {image.short_id} is tagged WITHOUT checking it has code for {arch}",
+                remedy=f"run `invoke verify --arch {arch} --image {rendered.tag}` before shipping it",
+            )
+        )
+    for full in (rendered.tag, rendered.moving_tag):
+        repository, _, tag = full.rpartition(":")
+        image.tag(repository, tag=tag)
+        record["tags"].append(full)
+    if push:
+        _push(client, record["tags"], arch, report, progress)
+    return record
+
+
+def _steps(log: StepLog) -> dict[str, int]:
+    return {"steps_total": log.total, "steps_cached": log.cached, "steps_run": log.run}
+
+
+def _push(client: Any, tags: list[str], arch: str, report: Report, progress: Progress) -> None:
+    for full in tags:
+        repository, _, tag = full.rpartition(":")
+        progress.note(f"pushing {full}")
+        error = None
+        try:
+            for event in client.api.push(repository, tag=tag, stream=True, decode=True):
+                if "error" in event:
+                    error = str(event["error"]).strip()
+                    break
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as failure:
+            error = str(failure).splitlines()[0][:300]
+        if error:
+            report.add(
+                Check(
+                    f"{arch} push",
+                    Status.FAIL,
+                    f"cannot push {full}: {error}",
+                    remedy="docker login to the registry, check --tag names a registry you can write to",
+                    infrastructure=True,
+                )
+            )
+            return
+    report.add(Check(f"{arch} push", Status.PASS, f"pushed {', '.join(tags)}"))
+
+
+def build_images(
+    recipe_name: str,
+    arch_texts: list[str],
+    *,
+    repo: str,
+    gate: bool = True,
+    push: bool = False,
+    max_jobs: int | None = None,
+    nvcc_threads: int | None = None,
+    verbose: bool = False,
+    console: Console | None = None,
+    client: Any | None = None,
+) -> Report:
+    """`invoke build`: render, build, verify-gate and tag the recipe for each arch; one report for all."""
+    import psutil
+
+    from images.render import default_build_args, render
+    from recipes.recipe import load_recipe
+
+    recipe = load_recipe(recipe_name)
+    renders = [render(recipe, text, repo=repo) for text in arch_texts]  # bad input fails before any build
+    client = connect(client)
+    report = Report(kind="build", subject=f"{recipe.name} for {', '.join(r.arch.name for r in renders)}")
+    args = default_build_args(recipe)
+    if args:
+        threads = nvcc_threads or int(args["NVCC_THREADS"])
+        ram = int(client.info().get("MemTotal") or psutil.virtual_memory().total)
+        jobs = max_jobs or size_build_jobs(ram, psutil.cpu_count() or 1, threads)
+        args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads)}
+    images = []
+    with Progress(console or Console(stderr=True), verbose=verbose) as progress:
+        for rendered in renders:
+            images.append(
+                build_one(client, rendered, build_args=args, gate=gate, push=push, progress=progress, report=report)
+            )
+    if not gate:
+        report.add(
+            Check(
+                "verify gate",
+                Status.WARN,
+                "--no-verify: NO image in this build was checked for GPU code before tagging",
+                remedy="drop --no-verify, or run `invoke verify --image <tag> --arch <arch>` on each",
+            )
+        )
+    report.data = {"recipe": recipe.name, "repo": repo, "verified": gate, "images": images}
+    return report
