@@ -129,3 +129,185 @@ def verify(
             tree, archs, import_name=package, require=require or [], kernels=kernels, probe_timeout=float(timeout)
         )
     finish(report, json=json, junit=junit)
+
+
+@task(
+    help={
+        "recipe": "recipe whose CUDA version (driver floor), archs and serve.tp the node is checked against "
+        "(default from invoke.yaml: sglang)",
+        "arch": "the GPU arch the image targets, e.g. sm120 (default: any arch the recipe builds)",
+        "tp": "tensor-parallel size: GPUs needed and the weights' split (default 0: the recipe's serve.tp)",
+        "model": "checkpoint folder to check by its headers: config, safetensors index and shards, fit in GPU memory",
+        "json": "write the report as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+        "docker": "check the Docker engine and its NVIDIA runtime/CDI spec (default: on; --no-docker skips)",
+    }
+)
+@guarded
+def preflight(
+    c: Context,
+    recipe: str | None = None,
+    arch: str | None = None,
+    tp: int = 0,
+    model: str | None = None,
+    json: str | None = None,
+    junit: str | None = None,
+    docker: bool = True,
+) -> None:
+    """Check this node (driver, GPUs, links, health, host) and a model folder before serving; exit 1 if not ready."""
+    from verify.preflight import request_for_recipe, run_preflight
+
+    request = request_for_recipe(_setting(c, "recipe", recipe), arch=arch, tp=tp, model=model, docker=docker)
+    finish(run_preflight(request), json=json, junit=junit)
+
+
+@task(
+    iterable=["arch"],
+    help={
+        "arch": "GPU arch to build for (repeatable): sm120, sm_100, 12.0 ...",
+        "recipe": "recipe name under recipes/ or a path to a .toml file (default from invoke.yaml: sglang)",
+        "tag": "image repository for the tags, e.g. registry.example.com/ml/bwstack (default from invoke.yaml)",
+        "push": "push the gated tags to the registry after a passing verify",
+        "no_verify": "skip the verify gate and tag anyway (the report says so loudly)",
+        "max_jobs": "MAX_JOBS for the sgl-kernel compile (default: sized to the Docker host's RAM, 4 GB/thread)",
+        "nvcc_threads": "NVCC_THREADS for the sgl-kernel compile (default: the recipe's)",
+        "verbose": "print the build's own output as it runs",
+        "json": "write the report as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+    },
+)
+@guarded
+def build(
+    c: Context,
+    arch: list[str],
+    recipe: str | None = None,
+    tag: str | None = None,
+    push: bool = False,
+    no_verify: bool = False,
+    max_jobs: int = 0,
+    nvcc_threads: int = 0,
+    verbose: bool = False,
+    json: str | None = None,
+    junit: str | None = None,
+) -> None:
+    """Build the recipe's image per arch via Docker; tag it only if verify passes."""
+    from images.build import build_images
+
+    if not arch:
+        raise Exit("bwstack: error: no --arch given (e.g. --arch sm120)", code=2)
+    report = build_images(
+        _setting(c, "recipe", recipe),
+        arch,
+        repo=_setting(c, "repo", tag),
+        gate=not no_verify,
+        push=push,
+        max_jobs=max_jobs or None,
+        nvcc_threads=nvcc_threads or None,
+        verbose=verbose,
+    )
+    finish(report, json=json, junit=junit)
+
+
+@task(
+    help={
+        "arch": "GPU arch the fleet's nodes have, e.g. sm120: picks the image and the nodes (GFD compute labels)",
+        "recipe": "recipe name under recipes/ or a path to a .toml file (default from invoke.yaml: sglang)",
+        "image": "stack image to provision (default: the content tag `invoke render` records for recipe and arch)",
+        "repo": "image repository for the default image tag (default from invoke.yaml)",
+        "model_dir": "checkpoint folder, same path on every node (default: /models/<last part of serve.model>)",
+        "runner": "image holding bwstack that runs preflight/provision in the Kubernetes pods "
+        "(default: bwstack-runner:latest)",
+        "out": "output folder; writes <out>/fleet/<recipe>-<arch>/daemonset.yaml and playbook.yml (default: build)",
+    }
+)
+@guarded
+def fleet(
+    c: Context,
+    arch: str,
+    recipe: str | None = None,
+    image: str | None = None,
+    repo: str | None = None,
+    model_dir: str | None = None,
+    runner: str | None = None,
+    out: str | None = None,
+) -> None:
+    """Render and validate a Kubernetes DaemonSet and an Ansible playbook that preflight + provision a fleet."""
+    from pathlib import Path
+
+    from verify.preflight.fleet import DEFAULT_RUNNER, spec_for_recipe, write_fleet
+
+    spec = spec_for_recipe(
+        _setting(c, "recipe", recipe),
+        arch=arch,
+        image=image,
+        repo=_setting(c, "repo", repo),
+        model_dir=model_dir,
+        runner_image=runner or DEFAULT_RUNNER,
+    )
+    for path in write_fleet(spec, Path(_setting(c, "out", out))):
+        print(path)
+
+
+@task(
+    iterable=["env"],
+    auto_shortflags=False,
+    help={
+        "command": "run this server instead of the recipe's (shlex-split, no shell: wrap in \"sh -c '...'\" for one)",
+        "model": "checkpoint folder for the recipe's server command (mounted read-only into --image)",
+        "image": "run the server in a container from this local image (host network, GPUs, host IPC)",
+        "recipe": "recipe whose serve command, port and engine are used (default from invoke.yaml: sglang)",
+        "port": "port the server listens on and smoke probes (default: the recipe's; required with --command)",
+        "host": "address to probe; the server is told to bind it (default 127.0.0.1)",
+        "startup_timeout": "seconds until a server still starting is a timeout, or unhealthy if listening "
+        "(default 1800)",
+        "stall_timeout": "seconds without log output, CPU progress or GPU activity that make a hang (default 120)",
+        "engine": "log vocabulary for phases: sglang or vllm (default: the recipe's engine, or sglang)",
+        "log": "file that receives the server's output (default: a new file under the temp folder)",
+        "json": "write the report as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+        "env": "KEY=VALUE for the server's environment (repeatable), e.g. NCCL_P2P_DISABLE=1",
+        "gpus": "containers: auto (every GPU NVML sees), all, none, or device ids 0,1 (default auto)",
+        "shm_size": "containers: /dev/shm size such as 32g instead of host IPC",
+        "grace": "seconds between SIGTERM and SIGKILL at clean-up (default 10)",
+    },
+)
+@guarded
+def smoke(
+    c: Context,
+    command: str | None = None,
+    model: str | None = None,
+    image: str | None = None,
+    recipe: str | None = None,
+    port: str | None = None,
+    host: str = "127.0.0.1",
+    startup_timeout: str = "1800",
+    stall_timeout: str = "120",
+    engine: str | None = None,
+    log: str | None = None,
+    json: str | None = None,
+    junit: str | None = None,
+    env: list[str] | None = None,
+    gpus: str = "auto",
+    shm_size: str | None = None,
+    grace: str = "10",
+) -> None:
+    """Start a server, follow its start-up phases, probe it, name a crash/hang/timeout; exit 0 only when ready."""
+    from verify.smoke import SmokeRequest, run_smoke
+
+    request = SmokeRequest.from_flags(
+        command=command,
+        model=model,
+        image=image,
+        recipe=_setting(c, "recipe", recipe),
+        port=port,
+        host=host,
+        startup_timeout=startup_timeout,
+        stall_timeout=stall_timeout,
+        engine=engine,
+        log=log,
+        env=env,
+        gpus=gpus,
+        shm_size=shm_size,
+        grace=grace,
+    )
+    finish(run_smoke(request, progress=lambda line: print(line, file=sys.stderr, flush=True)), json=json, junit=junit)
