@@ -311,3 +311,52 @@ def smoke(
         grace=grace,
     )
     finish(run_smoke(request, progress=lambda line: print(line, file=sys.stderr, flush=True)), json=json, junit=junit)
+
+
+@task(
+    help={
+        "image": "the image to provision with (verified against this node's GPUs, then smoke-tested)",
+        "model": "the model folder (checked by its headers, then served read-only by the smoke test)",
+        "recipe": "recipe the image was built from (serving command, CUDA version; default from invoke.yaml)",
+        "demo": "run the whole flow on the demo stack with only Docker: build, preflight, verify, smoke",
+        "port": "port the server listens on (default: the recipe's)",
+        "startup_timeout": "seconds the server may take to become ready (default 1800; demo 60)",
+        "stall_timeout": "seconds of no log, CPU or GPU progress that count as a hang (default 120; demo 20)",
+        "json": "write the report (every stage) as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+    }
+)
+@guarded
+def provision(
+    c: Context,
+    image: str | None = None,
+    model: str | None = None,
+    recipe: str | None = None,
+    demo: bool = False,
+    port: int = 0,
+    startup_timeout: float = 0.0,
+    stall_timeout: float = 0.0,
+    json: str | None = None,
+    junit: str | None = None,
+) -> None:
+    """Bring up a node: preflight, verify the image for this node's GPUs, smoke-test it; one report."""
+    from pathlib import Path
+
+    from bwstack.errors import BwstackError
+    from verify.provision import ProvisionRequest, run_provision
+
+    if demo:
+        request = ProvisionRequest.for_demo(port=port or None, repo=_setting(c, "repo", None))
+    elif not image or not model:
+        raise BwstackError("provision needs --image REF and --model DIR (or --demo)")
+    else:
+        request = ProvisionRequest(image, Path(model), _setting(c, "recipe", recipe), port=port or None)
+    overrides = {
+        k: float(v) for k, v in (("startup_timeout_s", startup_timeout), ("stall_timeout_s", stall_timeout)) if v
+    }
+    if overrides:
+        import dataclasses
+
+        request = dataclasses.replace(request, **overrides)
+    report = run_provision(request, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    finish(report, json=json, junit=junit)

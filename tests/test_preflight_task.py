@@ -56,6 +56,7 @@ def test_preflight_without_a_driver_exits_1_with_a_driver_finding(tmp_path: Path
         "model": None,
         "kv_headroom": 0.2,
         "docker": False,
+        "gpus": True,
     }
     assert '<failure message="no NVIDIA driver' in junit.read_text()
 

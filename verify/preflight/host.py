@@ -221,7 +221,7 @@ def check_iommu(facts: HostFacts) -> Check:
     return Check("host.iommu", Status.PASS, "IOMMU disabled (no IOMMU units or groups)", evidence)
 
 
-def check_docker(facts: HostFacts) -> Check:
+def check_docker(facts: HostFacts, *, need_gpus: bool = True) -> Check:
     runtimes = sorted((facts.docker or {}).get("Runtimes") or {})
     specs = [str(p) for p in facts.cdi_specs]
     evidence: dict[str, Any] = {"runtimes": runtimes, "cdi_specs": specs, "error": facts.docker_error}
@@ -238,6 +238,13 @@ def check_docker(facts: HostFacts) -> Check:
         "default_runtime": facts.docker.get("DefaultRuntime"),
     }
     gpu_runtimes = [r for r in runtimes if "nvidia" in r]
+    if not need_gpus:
+        return Check(
+            "host.docker",
+            Status.PASS,
+            f"Docker {facts.docker.get('ServerVersion', '?')} is reachable (no GPU access needed)",
+            evidence,
+        )
     if gpu_runtimes or specs:
         how = ", ".join([f"runtime {r}" for r in gpu_runtimes] + [f"CDI spec {s}" for s in specs])
         return Check(
@@ -254,8 +261,8 @@ def check_docker(facts: HostFacts) -> Check:
     )
 
 
-def host_checks(facts: HostFacts, limits: HostThresholds) -> list[Check]:
+def host_checks(facts: HostFacts, limits: HostThresholds, *, need_gpus: bool = True) -> list[Check]:
     checks = [check_shm(facts, limits), check_disk(facts, limits), check_ram(facts, limits), check_iommu(facts)]
     if facts.docker_checked:
-        checks.append(check_docker(facts))
+        checks.append(check_docker(facts, need_gpus=need_gpus))
     return checks

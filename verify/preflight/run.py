@@ -35,6 +35,7 @@ class PreflightRequest:
     model: Path | None = None
     kv_headroom: float = DEFAULT_KV_HEADROOM
     docker: bool = True  # check the Docker engine (off inside a Kubernetes pod)
+    gpus: bool = True  # check GPUs through NVML (off only for `provision --demo`, which needs none)
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -49,6 +50,7 @@ class PreflightRequest:
             "model": str(self.model) if self.model else None,
             "kv_headroom": self.kv_headroom,
             "docker": self.docker,
+            "gpus": self.gpus,
         }
 
 
@@ -111,24 +113,28 @@ def run_preflight(
         disk_path=request.model or Path.cwd(),
         docker_info=docker_info if request.docker else None,
     )
-    try:
-        facts = read_node(nvml if nvml is not None else pynvml)  # type: ignore[arg-type]
-    except NvmlUnavailable as error:
-        facts = None
-        report.add(
-            Check(
-                "driver",
-                Status.FAIL,
-                error.message,
-                {"error": error.error, "library": "libnvidia-ml.so.1"},
-                remedy=error.remedy,
+    facts = None
+    if not request.gpus:
+        report.add(Check("gpu", Status.SKIP, "GPU checks not run: this run needs no GPU (demo)", {}))
+    else:
+        try:
+            facts = read_node(nvml if nvml is not None else pynvml)  # type: ignore[arg-type]
+        except NvmlUnavailable as error:
+            facts = None
+            report.add(
+                Check(
+                    "driver",
+                    Status.FAIL,
+                    error.message,
+                    {"error": error.error, "library": "libnvidia-ml.so.1"},
+                    remedy=error.remedy,
+                )
             )
-        )
-        report.add(Check("gpu", Status.SKIP, "GPU checks not run: no NVML", {}))
+            report.add(Check("gpu", Status.SKIP, "GPU checks not run: no NVML", {}))
     if facts is not None:
         for check in node_checks(facts, want, iommu_enabled=host.iommu_enabled):
             report.add(check)
-    for check in host_checks(host, thresholds or HostThresholds()):
+    for check in host_checks(host, thresholds or HostThresholds(), need_gpus=request.gpus):
         report.add(check)
 
     report.data["labels"] = gfd_labels(facts) if facts else {}
