@@ -39,12 +39,13 @@ def demo_image(docker_client: Any, static_busybox: Path, tmp_path_factory: pytes
     docker_client.images.remove(tag, force=True)
 
 
-def smoke_containers(client: Any) -> list[Any]:
-    return client.containers.list(all=True, filters={"label": SMOKE_LABEL})
+def smoke_containers(client: Any, port: int) -> list[Any]:
+    """This test's smoke containers (named after the port; other test runs may share the engine)."""
+    found = client.containers.list(all=True, filters={"label": SMOKE_LABEL})
+    return [c for c in found if c.name.startswith(f"bwstack-smoke-{port}-")]
 
 
 def run(image: str, scenario: str, client: Any, tmp_path: Path) -> dict[str, Any]:
-    assert not smoke_containers(client)
     port = free_port()
     command = ("/srv/bwstack-demo/entrypoint.sh", "--port", str(port), "--model-path", str(tmp_path))
     request = SmokeRequest(
@@ -59,7 +60,8 @@ def run(image: str, scenario: str, client: Any, tmp_path: Path) -> dict[str, Any
         grace_s=2,
     )
     data = run_smoke(request).to_dict()
-    assert not smoke_containers(client), "the smoke container was left behind"
+    assert f"(bwstack-smoke-{port}-" in data["checks"][1]["finding"]  # the name smoke_containers looks for
+    assert not smoke_containers(client, port), "the smoke container was left behind"
     assert data["cleanup"]["container_removed"] is True and data["cleanup"]["clean"]
     assert not [p["pid"] for p in data["processes"] if psutil.pid_exists(p["pid"]) and _not_zombie(p["pid"])]
     return data

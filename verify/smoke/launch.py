@@ -191,9 +191,13 @@ class ContainerServer:
             ) from None
         except docker.errors.APIError as error:
             raise DockerError(f"cannot start a container from {spec.image}: {error.explanation or error}") from None
-        pump = StreamPump(container.logs(stream=True, follow=True), spec.log_path.open("ab")).start()
-        container.reload()
-        return cls(container, spec, pump)
+        try:
+            pump = StreamPump(container.logs(stream=True, follow=True), spec.log_path.open("ab")).start()
+            container.reload()
+            return cls(container, spec, pump)
+        except BaseException:
+            container.remove(force=True)  # never leave a container behind a failed start
+            raise
 
     def describe(self) -> str:
         return (

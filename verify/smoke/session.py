@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bwstack.errors import SmokeError
 from bwstack.report import Report
@@ -116,7 +117,7 @@ def _diagnose(
     )
 
 
-def _launch(request: SmokeRequest, command: ServerCommand, log_path: Path, gpus: str) -> Server:
+def _launch(request: SmokeRequest, command: ServerCommand, log_path: Path, gpus: str, client: Any) -> Server:
     spec = LaunchSpec(
         argv=command.argv,
         log_path=log_path,
@@ -127,8 +128,8 @@ def _launch(request: SmokeRequest, command: ServerCommand, log_path: Path, gpus:
         shm_size=request.shm_size,
         name=unique_name(command.port),
     )
-    if request.image:
-        return ContainerServer.start(spec, docker_client())
+    if client is not None:
+        return ContainerServer.start(spec, client)
     return ProcessServer.start(spec)
 
 
@@ -146,8 +147,7 @@ def run_smoke(
     say = _stamped(progress)
     command = resolve_command(request)
     vocab = vocabulary(command.engine)
-    if request.image:
-        docker_client().close()  # an unreachable engine is exit 2 before anything starts
+    client = docker_client() if request.image else None  # an unreachable engine: exit 2 before anything starts
     if port_open(request.host, command.port):
         raise SmokeError(
             f"something already listens on {request.host}:{command.port}; smoke never tests a server it did not start",
@@ -161,7 +161,7 @@ def run_smoke(
     )
     cleanup: CleanupResult | None = None
     try:
-        server = _launch(request, command, log_path, _gpus(request, sampler))
+        server = _launch(request, command, log_path, _gpus(request, sampler), client)
         tracker = PhaseTracker(vocab)
         follower = FileFollower(log_path)
         try:
@@ -197,5 +197,7 @@ def run_smoke(
         )
     finally:
         probe.close()
+        if client is not None:
+            client.close()
         if gpu is None:
             sampler.close()  # only what this run opened
