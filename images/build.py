@@ -23,6 +23,7 @@ import docker.errors
 import requests.exceptions
 from rich.console import Console
 
+from bwstack.docker_engine import connect as connect_engine
 from bwstack.errors import DockerError, LoaderProbeError, SourceError
 from bwstack.report import Check, Report, Status
 from images.build_errors import classify_failure
@@ -99,16 +100,8 @@ class Progress:
 
 
 def connect(client: Any | None = None) -> Any:
-    """A live Docker client, or DockerError (exit 2) naming why the engine cannot be reached."""
-    try:
-        client = client or docker.from_env(timeout=600)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-        raise DockerError(
-            f"Docker engine unreachable: {str(error).splitlines()[0][:300]}",
-            remedy="start dockerd (systemctl start docker) or set DOCKER_HOST",
-        ) from None
-    return client
+    """A live Docker client for a build (long timeout: big layers commit slowly)."""
+    return connect_engine(client, timeout=600)
 
 
 def build_context(rendered: RenderedImage) -> io.BytesIO:

@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import invoke
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def invoke(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:

@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pynvml
 import pytest
 
 from bwstack.report import Status
+from tests.helpers import invoke
 from verify.preflight.host import HostFacts, check_docker, read_host
 from verify.preflight.host import HostPaths as Paths
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _has_nvml() -> bool:

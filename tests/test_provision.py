@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -13,22 +10,12 @@ import pytest
 
 from images.build import build_images
 from tests.fakes import fake_pynvml as fakes
+from tests.helpers import invoke
 from verify.preflight.host import HostPaths, HostThresholds
 from verify.provision import DEMO_MODEL, ProvisionRequest, run_provision
 
 REPO = Path(__file__).resolve().parent.parent
 LENIENT = HostThresholds(shm_fail=0, shm_warn=0, disk_warn=0, ram_warn=0)
-
-
-def invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def by_name(report_dict: dict) -> dict[str, dict]:

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import uuid
 import xml.etree.ElementTree as ET
@@ -22,6 +19,7 @@ import pytest
 
 from bwstack.errors import LoaderProbeError
 from recipes.archs import parse_arch
+from tests.helpers import invoke
 from verify import sources
 from verify.loader_probe import probe_loader
 from verify.verify import parse_archs, verify_tree
@@ -42,17 +40,6 @@ EXPECTED = {
     ("own-sm120-dir", "sm121"): (False, "sgl_kernel/sm100/common_ops.abi3.so", "none", None),
     ("ptx-fallback", "sm120"): (True, "sgl_kernel/sm100/common_ops.abi3.so", "ptx-jit", "compute_100"),
 }
-
-
-def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
 
 
 def selected_row(target: dict) -> dict:

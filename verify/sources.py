@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from bwstack.docker_engine import connect
 from bwstack.errors import DockerError, FatbinError, SourceError
 from verify.fatbin import FatbinEntry, read_entries, read_source_entries
 from verify.stream_capture import WindowMiss, capture
@@ -136,18 +137,9 @@ def open_wheel(wheel: Path) -> Iterator[Tree]:
 @contextmanager
 def open_image(ref: str, *, import_name: str, client: object | None = None) -> Iterator[Tree]:
     """Export an image's filesystem (without running it) and take the package and site-packages .so files."""
-    import docker
     import docker.errors
-    import requests.exceptions
 
-    try:
-        client = client or docker.from_env(timeout=120)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-        raise DockerError(
-            f"Docker engine unreachable: {_first_line(error)}",
-            remedy="start dockerd (systemctl start docker) or set DOCKER_HOST",
-        ) from None
+    client = connect(client)
     try:
         client.images.get(ref)
     except docker.errors.ImageNotFound:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from bwstack.docker_engine import connect
 from bwstack.errors import DockerError, SmokeError
 from verify.smoke.activity import ProcessTree
 from verify.smoke.cleanup import CleanupResult, stop_container, stop_process_group
@@ -128,14 +129,7 @@ class ProcessServer:
 
 def docker_client() -> Any:
     """A live Docker SDK client, or DockerError (exit 2) naming why not."""
-    import docker
-
-    try:
-        client = docker.from_env(timeout=60)
-        client.ping()
-    except Exception as error:  # the SDK raises several unrelated types for "no daemon"
-        raise DockerError(f"Docker engine unreachable: {error}", remedy="start dockerd or set DOCKER_HOST") from None
-    return client
+    return connect(timeout=60)
 
 
 def _device_requests(gpus: str) -> list[Any]:
