@@ -11,6 +11,7 @@ from typing import Any
 from invoke import Context, Exit, task
 
 from bwstack.errors import BwstackError
+from bwstack.flags import number, optional_number
 from bwstack.report import Report
 
 
@@ -71,12 +72,12 @@ def _setting(c: Context, key: str, given: str | None) -> str:
 @guarded
 def render(
     c: Context,
-    arch: str,
+    arch: str | None = None,
     recipe: str | None = None,
     out: str | None = None,
     repo: str | None = None,
-    max_jobs: int | None = None,
-    nvcc_threads: int | None = None,
+    max_jobs: str | None = None,
+    nvcc_threads: str | None = None,
 ) -> None:
     """Render a recipe into a Dockerfile + build.json for one GPU arch."""
     from pathlib import Path
@@ -85,7 +86,11 @@ def render(
     from images.render import write
     from recipes.recipe import load_recipe
 
-    overrides = {k: str(v) for k, v in (("MAX_JOBS", max_jobs), ("NVCC_THREADS", nvcc_threads)) if v is not None}
+    if not arch:
+        raise BwstackError("no --arch given (e.g. --arch sm120)")
+    jobs = optional_number("--max-jobs", max_jobs, int, minimum=1)
+    threads = optional_number("--nvcc-threads", nvcc_threads, int, minimum=1)
+    overrides = {k: str(v) for k, v in (("MAX_JOBS", jobs), ("NVCC_THREADS", threads)) if v is not None}
     loaded = load_recipe(_setting(c, "recipe", recipe))
     rendered = render_image(loaded, arch, repo=_setting(c, "repo", repo), build_args=overrides)
     print(write(rendered, Path(_setting(c, "out", out))))
@@ -118,7 +123,7 @@ def verify(
     kernels: bool = False,
     json: str | None = None,
     junit: str | None = None,
-    timeout: float = 30.0,
+    timeout: str = "30",
 ) -> None:
     """Check that the binary a package's loader picks has code for each GPU arch (exit 1 if not)."""
     from verify.verify import open_source, parse_archs, verify_tree
@@ -126,7 +131,12 @@ def verify(
     archs = parse_archs(arch)
     with open_source(wheel=wheel, path=path, image=image, import_name=package) as tree:
         report = verify_tree(
-            tree, archs, import_name=package, require=require or [], kernels=kernels, probe_timeout=float(timeout)
+            tree,
+            archs,
+            import_name=package,
+            require=require or [],
+            kernels=kernels,
+            probe_timeout=number("--timeout", timeout, float, minimum=1),
         )
     finish(report, json=json, junit=junit)
 
@@ -148,7 +158,7 @@ def preflight(
     c: Context,
     recipe: str | None = None,
     arch: str | None = None,
-    tp: int = 0,
+    tp: str | None = None,
     model: str | None = None,
     json: str | None = None,
     junit: str | None = None,
@@ -157,7 +167,10 @@ def preflight(
     """Check this node (driver, GPUs, links, health, host) and a model folder before serving; exit 1 if not ready."""
     from verify.preflight import request_for_recipe, run_preflight
 
-    request = request_for_recipe(_setting(c, "recipe", recipe), arch=arch, tp=tp, model=model, docker=docker)
+    tensor_parallel = optional_number("--tp", tp, int, minimum=1)
+    request = request_for_recipe(
+        _setting(c, "recipe", recipe), arch=arch, tp=tensor_parallel, model=model, docker=docker
+    )
     finish(run_preflight(request), json=json, junit=junit)
 
 
@@ -184,8 +197,8 @@ def build(
     tag: str | None = None,
     push: bool = False,
     no_verify: bool = False,
-    max_jobs: int = 0,
-    nvcc_threads: int = 0,
+    max_jobs: str | None = None,
+    nvcc_threads: str | None = None,
     verbose: bool = False,
     json: str | None = None,
     junit: str | None = None,
@@ -194,15 +207,15 @@ def build(
     from images.build import build_images
 
     if not arch:
-        raise Exit("bwstack: error: no --arch given (e.g. --arch sm120)", code=2)
+        raise BwstackError("no --arch given (e.g. --arch sm120)")
     report = build_images(
         _setting(c, "recipe", recipe),
         arch,
         repo=_setting(c, "repo", tag),
         gate=not no_verify,
         push=push,
-        max_jobs=max_jobs or None,
-        nvcc_threads=nvcc_threads or None,
+        max_jobs=optional_number("--max-jobs", max_jobs, int, minimum=1),
+        nvcc_threads=optional_number("--nvcc-threads", nvcc_threads, int, minimum=1),
         verbose=verbose,
     )
     finish(report, json=json, junit=junit)
@@ -333,30 +346,30 @@ def provision(
     model: str | None = None,
     recipe: str | None = None,
     demo: bool = False,
-    port: int = 0,
-    startup_timeout: float = 0.0,
-    stall_timeout: float = 0.0,
+    port: str | None = None,
+    startup_timeout: str | None = None,
+    stall_timeout: str | None = None,
     json: str | None = None,
     junit: str | None = None,
 ) -> None:
     """Bring up a node: preflight, verify the image for this node's GPUs, smoke-test it; one report."""
+    import dataclasses
     from pathlib import Path
 
     from bwstack.errors import BwstackError
     from verify.provision import ProvisionRequest, run_provision
 
+    port_number = optional_number("--port", port, int, minimum=1)
     if demo:
-        request = ProvisionRequest.for_demo(port=port or None, repo=_setting(c, "repo", None))
+        request = ProvisionRequest.for_demo(port=port_number, repo=_setting(c, "repo", None))
     elif not image or not model:
         raise BwstackError("provision needs --image REF and --model DIR (or --demo)")
     else:
-        request = ProvisionRequest(image, Path(model), _setting(c, "recipe", recipe), port=port or None)
-    overrides = {
-        k: float(v) for k, v in (("startup_timeout_s", startup_timeout), ("stall_timeout_s", stall_timeout)) if v
+        request = ProvisionRequest(image, Path(model), _setting(c, "recipe", recipe), port=port_number)
+    timeouts = {
+        "startup_timeout_s": optional_number("--startup-timeout", startup_timeout, float, minimum=1),
+        "stall_timeout_s": optional_number("--stall-timeout", stall_timeout, float, minimum=1),
     }
-    if overrides:
-        import dataclasses
-
-        request = dataclasses.replace(request, **overrides)
+    request = dataclasses.replace(request, **{k: v for k, v in timeouts.items() if v is not None})
     report = run_provision(request, progress=lambda line: print(line, file=sys.stderr, flush=True))
     finish(report, json=json, junit=junit)

@@ -93,3 +93,23 @@ def test_invoke_yaml_default_repo_can_be_overridden_by_environment(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "sglang-sm120" / "build.json").read_text())
     assert manifest["tag"].startswith("registry.example/ml/stack:sglang-sm120-cuda13.1-")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["render"], "no --arch given"),
+        (["render", "--arch", "sm120", "--max-jobs", "0"], "--max-jobs must be at least 1"),
+        (["build"], "no --arch given"),
+        (["build", "--arch", "sm120", "--max-jobs", "many"], "--max-jobs 'many' is not a whole number"),
+        (["verify", "--arch", "sm120", "--path", ".", "--timeout", "soon"], "--timeout 'soon' is not a number"),
+        (["preflight", "--tp", "eight"], "--tp 'eight' is not a whole number"),
+        (["preflight", "--tp", "0"], "--tp must be at least 1"),
+        (["provision", "--demo", "--port", "http"], "--port 'http' is not a whole number"),
+        (["provision", "--demo", "--stall-timeout", "-1"], "--stall-timeout must be at least 1"),
+        (["smoke", "--command", "true", "--port", "x"], "--port 'x' is not a whole number"),
+    ],
+)
+def test_bad_flag_values_exit_2_with_one_line(args: list[str], fragment: str) -> None:
+    """invoke would convert int/float flags itself and end in a traceback; the tasks parse them instead."""
+    assert_one_line_error(invoke(*args), fragment)

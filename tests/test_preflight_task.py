@@ -53,7 +53,7 @@ def test_preflight_without_a_driver_exits_1_with_a_driver_finding(tmp_path: Path
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--tp", "-1"), "tp must be >= 1"),
+        (("--tp", "-1"), "--tp must be at least 1, got -1"),
         (("--arch", "sm75"), "unknown arch 'sm75'"),
         (("--arch", "sm89"), "recipe sglang does not build sm89"),
         (("--recipe", "nope"), "unknown recipe 'nope'"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bwstack.errors import SmokeError
+from bwstack.flags import number
 
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0  # a cold 1T-parameter start can take many minutes; a hang is found sooner
 DEFAULT_STALL_TIMEOUT_S = 120.0
@@ -102,10 +103,7 @@ class SmokeRequest:
 
 
 def _number(flag: str, text: str | None, kind: type[_N]) -> _N:
-    try:
-        return kind(str(text))
-    except ValueError:
-        raise SmokeError(f"{flag} {text!r} is not a {'whole ' if kind is int else ''}number") from None
+    return number(flag, text, kind, error=SmokeError)
 
 
 def _env(pairs: list[str]) -> dict[str, str]:

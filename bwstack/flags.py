@@ -1,0 +1,45 @@
+"""Numeric command-line values, parsed by us rather than by invoke.
+
+invoke converts flags whose default is an int or float itself, and a value like `--tp eight` then ends in
+a traceback. The tasks take such flags as text and parse them here, so bad input is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from bwstack.errors import BwstackError
+
+N = TypeVar("N", int, float)
+
+
+def number(
+    flag: str,
+    text: str | None,
+    kind: type[N],
+    *,
+    minimum: float | None = None,
+    error: type[BwstackError] = BwstackError,
+) -> N:
+    """`text` as an int or float, or `error` naming the flag (e.g. "--tp 'eight' is not a whole number")."""
+    try:
+        value = kind(str(text).strip())
+    except ValueError:
+        raise error(f"{flag} {text!r} is not a {'whole ' if kind is int else ''}number") from None
+    if minimum is not None and value < minimum:
+        raise error(f"{flag} must be at least {minimum:g}, got {text}")
+    return value
+
+
+def optional_number(
+    flag: str,
+    text: str | None,
+    kind: type[N],
+    *,
+    minimum: float | None = None,
+    error: type[BwstackError] = BwstackError,
+) -> N | None:
+    """Like number(), but an absent or empty value is None (the flag was not given)."""
+    if text is None or str(text).strip() == "":
+        return None
+    return number(flag, text, kind, minimum=minimum, error=error)
