@@ -6,6 +6,7 @@ a traceback. The tasks take such flags as text and parse them here, so bad input
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 from bwstack.errors import BwstackError
@@ -21,11 +22,17 @@ def number(
     minimum: float | None = None,
     error: type[BwstackError] = BwstackError,
 ) -> N:
-    """`text` as an int or float, or `error` naming the flag (e.g. "--tp 'eight' is not a whole number")."""
+    """`text` as an int or float, or `error` naming the flag (e.g. "--tp 'eight' is not a whole number").
+
+    nan and inf are refused ("--x 'nan' is not a finite number"): every comparison with nan is False, so a
+    nan would pass any minimum and a timeout of nan or inf would never end.
+    """
     try:
         value = kind(str(text).strip())
     except ValueError:
         raise error(f"{flag} {text!r} is not a {'whole ' if kind is int else ''}number") from None
+    if not math.isfinite(value):
+        raise error(f"{flag} {text!r} is not a finite number")
     if minimum is not None and value < minimum:
         raise error(f"{flag} must be at least {minimum:g}, got {text}")
     return value
