@@ -7,6 +7,7 @@ the recipe's `serve_command(model_path, host=..., port=...)` with the recipe's p
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -53,8 +54,11 @@ class SmokeRequest:
         if self.port is not None and not 0 < self.port < 65536:
             raise SmokeError(f"--port {self.port} is not in 1..65535")
         for name in ("startup_timeout_s", "stall_timeout_s", "grace_s", "poll_s"):
-            if getattr(self, name) <= 0:
-                raise SmokeError(f"{name} must be positive, not {getattr(self, name)}")
+            value = getattr(self, name)
+            if not math.isfinite(value):  # nan <= 0 is False: a nan timeout would never end
+                raise SmokeError(f"{name} must be a finite number, not {value}")
+            if value <= 0:
+                raise SmokeError(f"{name} must be positive, not {value}")
         if not _GPUS.match(self.gpus):
             raise SmokeError(f"--gpus {self.gpus!r}: use auto, all, none or device ids such as 0,1")
 
