@@ -10,11 +10,13 @@ import io
 import json
 import shutil
 import tarfile
+import time
 import uuid
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bwstack.errors import LoaderProbeError
@@ -290,3 +292,40 @@ def test_image_with_docker_down_exits_2() -> None:
     result = invoke("verify", "--arch", "sm120", "--image", "x:y", env={"DOCKER_HOST": "unix:///nonexistent.sock"})
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Docker engine unreachable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_stdlib_extensions_imported_on_the_way_are_not_the_loaders_pick(tmp_path: Path) -> None:
+    root = copy_package(tmp_path)
+    init = root / "sgl_kernel" / "__init__.py"
+    init.write_text("import select, subprocess, _posixsubprocess, mmap\n" + init.read_text())
+    result = probe_loader(root, "sgl_kernel", (12, 0))
+    assert result.selected == "sgl_kernel/sm100/common_ops.abi3.so"
+
+
+def test_a_loader_that_forks_neither_stalls_the_probe_nor_leaves_a_process(tmp_path: Path) -> None:
+    root = copy_package(tmp_path)
+    init = root / "sgl_kernel" / "__init__.py"
+    marker = tmp_path / "forked.pid"
+    init.write_text(
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        f"    open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n" + init.read_text()
+    )
+    started = time.monotonic()
+    result = probe_loader(root, "sgl_kernel", (12, 0), timeout=20)
+    assert time.monotonic() - started < 10  # did not wait for the child's pipes or its sleep
+    assert result.selected == "sgl_kernel/sm100/common_ops.abi3.so"
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid), f"forked probe child {pid} is still running"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

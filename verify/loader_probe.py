@@ -18,8 +18,10 @@ never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -112,9 +114,13 @@ class RecordingLoader(importlib.abc.Loader):
         raise ProbeDone(self.path)
 
 
+def under_root(path):
+    return os.path.realpath(path).startswith(ROOT + os.sep)
+
+
 def recording_spec(name, location=None, *args, **kwargs):
     path = os.fspath(location) if location is not None else ""
-    if path.endswith(EXTENSION_SUFFIXES):
+    if path.endswith(EXTENSION_SUFFIXES) and under_root(path):
         return importlib.machinery.ModuleSpec(name, RecordingLoader(path), origin=path)
     return _real_spec(name, location, *args, **kwargs)
 
@@ -132,7 +138,9 @@ class ExtensionRecorder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 origin = spec.origin or ""
-                if origin.endswith(EXTENSION_SUFFIXES):
+                # Only the package's own binaries are the loader's pick; a stdlib extension the package
+                # imports on the way (select, _posixsubprocess, ...) loads for real.
+                if origin.endswith(EXTENSION_SUFFIXES) and under_root(origin):
                     attempts.append({"how": "import", "path": origin, "name": fullname, "exists": True})
                     spec.loader = RecordingLoader(origin)
                 return spec
@@ -218,21 +226,28 @@ def probe_loader(package_root: Path, import_name: str, cc: CC | None, *, timeout
         }
         # -B: never write __pycache__ into the folder being verified (-I ignores PYTHONDONTWRITEBYTECODE).
         command = [sys.executable, "-I", "-S", "-B", str(script), RESULT_MARKER, import_name, str(package_root)]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout, env=env, cwd=scratch, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise LoaderProbeError(
-                f"{package_root / import_name}: importing the package for CC {_cc_text(cc)} did not finish "
-                f"in {timeout:g} s; its loader hangs",
-                remedy="run `python -X importtime -c 'import " + import_name + "'` to see where",
-            ) from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+        # Its own session, so a loader that forks leaves nothing behind: the whole group is killed. Output
+        # goes to files, not pipes, so a forked child that keeps them open cannot stall the wait.
+        out_path, err_path = Path(scratch) / "stdout", Path(scratch) / "stderr"
+        with out_path.open("w") as out, err_path.open("w") as err:
+            child = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=scratch, start_new_session=True)
+            try:
+                child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise LoaderProbeError(
+                    f"{package_root / import_name}: importing the package for CC {_cc_text(cc)} did not finish "
+                    f"in {timeout:g} s; its loader hangs",
+                    remedy="run `python -X importtime -c 'import " + import_name + "'` to see where",
+                ) from None
+            finally:
+                _kill_group(child)
+                child.wait()
+        stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARKER)]
     if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
         raise LoaderProbeError(
-            f"{package_root / import_name}: loader probe for CC {_cc_text(cc)} exited {done.returncode} "
+            f"{package_root / import_name}: loader probe for CC {_cc_text(cc)} exited {child.returncode} "
             f"without a result: {tail}"
         )
     raw = json.loads(lines[-1][len(RESULT_MARKER) :])
@@ -249,6 +264,11 @@ def probe_loader(package_root: Path, import_name: str, cc: CC | None, *, timeout
         ),
         error=raw["error"],
     )
+
+
+def _kill_group(child: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
 
 
 def _cc_text(cc: CC | None) -> str:
