@@ -114,6 +114,15 @@ def test_a_busy_port_is_refused_before_anything_starts() -> None:
     assert not processes_mentioning("sleep 4711.25")
 
 
+@pytest.mark.parametrize("host", ["no such host!!", "bad..host"])
+def test_an_unresolvable_host_is_refused_before_anything_starts(host: str) -> None:
+    # it used to read as "nothing listening" and end, a stall timeout later, as a hang in listening
+    request = SmokeRequest(command=("sleep", "4711.75"), port=free_port(), host=host, stall_timeout_s=0.5)
+    with pytest.raises(SmokeError, match=f"--host {host!r} does not resolve"):
+        run_smoke(request)
+    assert not processes_mentioning("sleep 4711.75")
+
+
 class FakeContainers:
     def __init__(self) -> None:
         self.runs: list[tuple[str, dict[str, Any]]] = []

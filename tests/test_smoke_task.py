@@ -85,3 +85,11 @@ def test_bad_input_and_a_missing_docker_engine_exit_2(tmp_path: Path) -> None:
     done = invoke_smoke("--command", "serve", "--port", port, "--image", "stack:tag", env=no_engine)
     assert done.returncode == 2 and "Docker engine unreachable" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_unresolvable_host_exits_2_with_one_line() -> None:
+    done = invoke_smoke("--command", "sleep 4711.875", "--port", str(free_port()), "--host", "no such host!!")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("bwstack: error: --host 'no such host!!' does not resolve")
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not processes_mentioning("sleep 4711.875")

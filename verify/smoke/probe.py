@@ -11,7 +11,21 @@ from typing import Any
 
 import requests
 
+from bwstack.errors import SmokeError
+
 PROMPT = "The capital of France is"
+
+
+def resolve_host(host: str, port: int) -> None:
+    """SmokeError (exit 2) when `host` does not resolve: port_open would read that as "nothing listening",
+    and the run would wait out the stall timeout and call a server that could never be reached a hang."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise SmokeError(
+            f"--host {host!r} does not resolve: {reason}", remedy="give an address or a name this machine resolves"
+        ) from None
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

@@ -19,7 +19,7 @@ from verify.smoke.gpu import GpuSampler, open_gpu_sampler
 from verify.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
 from verify.smoke.logfollow import FileFollower
 from verify.smoke.phases import PhaseTracker, vocabulary
-from verify.smoke.probe import ReadinessProbe, port_open
+from verify.smoke.probe import ReadinessProbe, port_open, resolve_host
 from verify.smoke.reporting import build_report
 from verify.smoke.request import ServerCommand, SmokeRequest, resolve_command
 from verify.smoke.watch import Outcome, Verdict, WatchConfig, Watcher
@@ -147,12 +147,13 @@ def run_smoke(
     say = _stamped(progress)
     command = resolve_command(request)
     vocab = vocabulary(command.engine)
-    client = docker_client() if request.image else None  # an unreachable engine: exit 2 before anything starts
+    resolve_host(request.host, command.port)  # an unresolvable host is bad input, not a server that never listened
     if port_open(request.host, command.port):
         raise SmokeError(
             f"something already listens on {request.host}:{command.port}; smoke never tests a server it did not start",
             remedy="stop that server or pick another --port",
         )
+    client = docker_client() if request.image else None  # an unreachable engine: exit 2 before anything starts
     log_path = request.log_path or Path(tempfile.mkdtemp(prefix="bwstack-smoke-")) / "server.log"
     sampler = gpu or open_gpu_sampler()
     # a request that never returns blocks the watch loop: keep it well inside the stall timeout
