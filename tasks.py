@@ -8,11 +8,34 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from invoke import Context, Exit, task
+from invoke import Context, Exit, Program, task
+from invoke.exceptions import ParseError
 
 from bwstack.errors import BwstackError
 from bwstack.flags import number, optional_number
 from bwstack.report import Report
+
+
+def _parse_errors_exit_2() -> None:
+    """invoke exits 1 for a flag or task it cannot parse (a typo, a missing value), which CI would read as
+    "a check failed"; bwstack's contract is exit 2 for bad input. invoke imports this file before it parses
+    the task flags, so the two parsing steps are wrapped here, once, to turn ParseError into exit 2."""
+    for step in ("parse_tasks", "parse_cleanup"):
+        original = getattr(Program, step)
+        if getattr(original, "bwstack_exit_2", False):
+            continue
+
+        def wrapped(self: Program, _original: Callable[[Program], None] = original) -> None:
+            try:
+                _original(self)
+            except ParseError as error:
+                raise Exit(f"bwstack: error: {error}", code=2) from None
+
+        wrapped.bwstack_exit_2 = True  # type: ignore[attr-defined]
+        setattr(Program, step, wrapped)
+
+
+_parse_errors_exit_2()
 
 
 def guarded(body: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,9 +53,9 @@ def guarded(body: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def finish(report: Report, *, json: str | None = None, junit: str | None = None) -> None:
-    """Write the machine-readable copies, print the table, exit with the report's code."""
+    """Print the table, write the machine-readable copies, exit with the report's code."""
+    report.print_table()  # first, so a report path that cannot be written loses nothing on screen
     report.write(json_path=json, junit_path=junit)
-    report.print_table()
     if report.exit_code:
         raise Exit(code=report.exit_code)
 

@@ -53,3 +53,7 @@ class SmokeError(BwstackError):
 
 class PreflightError(BwstackError):
     """A node or model check that could not run at all."""
+
+
+class ReportError(BwstackError):
+    """A report that could not be written where it was asked to go."""

@@ -18,6 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bwstack.errors import ReportError
+
 
 class Status(StrEnum):
     PASS = "pass"
@@ -120,11 +122,18 @@ class Report:
         return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
     def write(self, *, json_path: str | Path | None = None, junit_path: str | Path | None = None) -> None:
+        """Write the JSON and/or JUnit copies; a path that cannot be written is a ReportError (exit 2)."""
         for path, text in ((json_path, self.to_json), (junit_path, self.to_junit)):
             if path:
                 target = Path(path)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text())
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(text())
+                except OSError as error:
+                    raise ReportError(
+                        f"cannot write the report to {target}: {error.strerror or error}",
+                        remedy="pass --json/--junit a file path in a writable folder",
+                    ) from None
 
     def print_table(self, console: Console | None = None) -> None:
         console = console or Console()

@@ -257,13 +257,13 @@ def build_one(
         record["verify"] = verdict.to_dict()
         if not verdict.ok:
             failures = verdict.failures()
-            client.images.remove(image.id, force=True)
+            removed = _remove_refused(client, image)
             report.add(
                 Check(
                     f"{arch} verify gate",
                     Status.FAIL,
                     f"refused to tag {image.short_id}: {failures[0].finding}",
-                    {"failures": [f.to_dict() for f in failures], "removed_image": image.id},
+                    {"failures": [f.to_dict() for f in failures], "removed_image": image.id if removed else None},
                     remedy=failures[0].remedy,
                 )
             )
@@ -287,6 +287,19 @@ def build_one(
     if push:
         _push(client, record["tags"], arch, report, progress)
     return record
+
+
+def _remove_refused(client: Any, image: Any) -> bool:
+    """Remove a refused image unless something else still uses it.
+
+    Not forced: cached builds give identical content the same id, so the id may already carry tags from an
+    earlier gated build (or have child images); those stay, and only this build's result is untagged.
+    """
+    try:
+        client.images.remove(image.id, noprune=False)
+    except docker.errors.APIError:
+        return False
+    return True
 
 
 def _steps(log: StepLog) -> dict[str, int]:
@@ -345,8 +358,10 @@ def build_images(
     args = default_build_args(recipe)
     if args:
         threads = nvcc_threads or int(args["NVCC_THREADS"])
-        ram = int(client.info().get("MemTotal") or psutil.virtual_memory().total)
-        jobs = max_jobs or size_build_jobs(ram, psutil.cpu_count() or 1, threads)
+        info = client.info()  # the Docker host's resources, which need not be this machine's
+        ram = int(info.get("MemTotal") or psutil.virtual_memory().total)
+        cpus = int(info.get("NCPU") or psutil.cpu_count() or 1)
+        jobs = max_jobs or size_build_jobs(ram, cpus, threads)
         args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads)}
     images = []
     with Progress(console or Console(stderr=True), verbose=verbose) as progress:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,23 @@ class RenderedImage:
             "moving_tag": self.moving_tag,
             "context_files": self.context_files,
         }
+
+
+# Docker's reference grammar for a repository: [host[:port]/]path, path components lowercase alphanumerics
+# joined by one '.', one or two '_', or any number of '-'.
+_REPOSITORY = re.compile(
+    r"^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:\.|_{1,2}|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_{1,2}|-+)[a-z0-9]+)*)*$"
+)
+
+
+def check_repository(repo: str) -> None:
+    """Refuse a repository Docker would refuse, before hours of building, not at the final tag."""
+    if len(repo) > 255 or not _REPOSITORY.match(repo):
+        raise RenderError(
+            f"image repository {repo!r} is not a valid Docker repository name",
+            remedy="use lowercase [registry-host[:port]/]path, e.g. registry.example.com/ml/bwstack",
+        )
 
 
 def _environment() -> jinja2.Environment:
@@ -163,6 +181,7 @@ def render(
     build_args: dict[str, str] | None = None,
 ) -> RenderedImage:
     """Render `recipe` for one arch. Raises RecipeError/ArchError for bad input, RenderError for templates."""
+    check_repository(repo)
     arch = recipe.resolve_arch(arch_text)
     context_files = _context_files(recipe)
     digest = content_digest(recipe, arch, context_files)
@@ -218,9 +237,14 @@ def _shown(path: Path) -> str:
 def write(rendered: RenderedImage, out: Path) -> Path:
     """Write <out>/<recipe>-<arch>/Dockerfile and build.json; return the Dockerfile's path."""
     folder = out / rendered.dirname
-    folder.mkdir(parents=True, exist_ok=True)
     dockerfile = folder / "Dockerfile"
-    dockerfile.write_text(rendered.dockerfile, encoding="utf-8")
     manifest = json.dumps(rendered.manifest(), indent=2, sort_keys=True) + "\n"
-    (folder / "build.json").write_text(manifest, encoding="utf-8")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        dockerfile.write_text(rendered.dockerfile, encoding="utf-8")
+        (folder / "build.json").write_text(manifest, encoding="utf-8")
+    except OSError as error:
+        raise RenderError(
+            f"cannot write {folder}: {error.strerror or error}", remedy="pass --out a writable folder"
+        ) from None
     return dockerfile

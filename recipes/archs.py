@@ -106,14 +106,22 @@ def parse_arch(text: str) -> Arch:
     """Accept `sm120`, `sm_120`, `sm_120a`, `120` and `12.0`; raise ArchError for anything else."""
     spelled = text.strip().lower()
     cc_match = _CC_SPELLING.match(spelled)
+    suffix = ""
     if cc_match:
         arch = _BY_CC.get((int(cc_match.group(1)), int(cc_match.group(2))))
     else:
         match = _SPELLINGS.match(spelled)
         arch = _BY_NAME.get(f"sm{match.group(1)}") if match else None
+        suffix = spelled[-1] if arch and spelled[-1] in "af" else ""
     if arch is None:
         known = ", ".join(a.name for a in ARCHS)
         raise ArchError(f"unknown arch {text!r}: known archs are {known} (also spelled sm_120 or 12.0)")
+    if suffix and not arch.build_target.endswith(suffix):
+        # sm_80a does not exist; sm_100a does, but bwstack builds sm100 as sm_100f: say so, never swap silently.
+        raise ArchError(
+            f"arch {text!r}: bwstack builds {arch.name} as {arch.build_target}, not as sm_{arch.number}{suffix}",
+            remedy=f"pass --arch {arch.name} (or {arch.cc_str})",
+        )
     return arch
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import string
 import tomllib
 import types
 import typing
@@ -25,6 +26,7 @@ from recipes.archs import Arch, parse_arch
 
 RECIPES_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 1
+SERVE_PLACEHOLDERS = frozenset({"model", "host", "port"})
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,17 @@ def _check_semantics(recipe: Recipe, path: Path) -> None:
         raise RecipeError(f"{path}: field base.digest: expected sha256:<64 hex>, got {recipe.base.digest!r}")
     if recipe.serve.tp < 1 or not 0 < recipe.serve.port < 65536:
         raise RecipeError(f"{path}: field serve: tp must be >= 1 and port in 1..65535")
+    for index, part in enumerate(recipe.serve.command):
+        try:
+            fields = {name for _text, name, _spec, _conv in string.Formatter().parse(part) if name is not None}
+        except ValueError as error:
+            raise RecipeError(f"{path}: field serve.command[{index}]: {error} in {part!r}") from None
+        unknown = fields - SERVE_PLACEHOLDERS
+        if unknown:
+            raise RecipeError(
+                f"{path}: field serve.command[{index}]: unknown placeholder {{{sorted(unknown)[0]}}} "
+                f"(known: {', '.join('{' + n + '}' for n in sorted(SERVE_PLACEHOLDERS))})"
+            )
     if recipe.sgl_kernel and (recipe.sgl_kernel.max_jobs < 1 or recipe.sgl_kernel.nvcc_threads < 1):
         raise RecipeError(f"{path}: field sgl_kernel: max_jobs and nvcc_threads must be >= 1")
 

@@ -63,3 +63,9 @@ def test_cuda_floor_for_each_build_target(name: str, cuda: str, ok: bool) -> Non
 def test_arch_for_cc_knows_the_table_and_nothing_else() -> None:
     assert arch_for_cc((9, 0)).name == "sm90"
     assert arch_for_cc((7, 5)) is None
+
+
+@pytest.mark.parametrize(("spelling", "builds"), [("sm_80a", "sm_80"), ("sm_100a", "sm_100f"), ("sm_86f", "sm_86")])
+def test_a_suffix_bwstack_does_not_build_is_refused_not_swapped(spelling: str, builds: str) -> None:
+    with pytest.raises(ArchError, match=rf"bwstack builds sm\d+ as {builds}, not as {spelling}"):
+        parse_arch(spelling)

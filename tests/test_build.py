@@ -205,3 +205,22 @@ def test_push_to_unreachable_registry_is_an_infrastructure_failure(docker_client
     finally:
         for image in docker_client.images.list(name=repo):
             docker_client.images.remove(image.id, force=True)
+
+
+@pytest.mark.docker
+def test_a_refused_build_never_untags_an_image_someone_else_tagged(
+    docker_client, static_busybox, cleanup_images, tmp_path
+) -> None:
+    """Cached builds give identical content one id: refusing it again must not force-remove earlier tags."""
+    kept, refused = unique_repo(), unique_repo()
+    cleanup_images += [kept, refused]
+    first = invoke("build", "--arch", "sm120", "--recipe", "demo-incident", "--tag", kept, "--no-verify")
+    assert first.returncode == 0, first.stderr
+    second = invoke(
+        *("build", "--arch", "sm120", "--recipe", "demo-incident", "--tag", refused),
+        *("--json", str(tmp_path / "b.json")),
+    )
+    assert second.returncode == 1
+    gate = next(c for c in json.loads((tmp_path / "b.json").read_text())["checks"] if c["name"] == "sm120 verify gate")
+    assert gate["evidence"]["removed_image"] is None  # still in use: kept
+    assert len(tags_of(docker_client, kept)) == 2 and tags_of(docker_client, refused) == set()

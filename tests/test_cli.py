@@ -113,3 +113,20 @@ def test_invoke_yaml_default_repo_can_be_overridden_by_environment(tmp_path: Pat
 def test_bad_flag_values_exit_2_with_one_line(args: list[str], fragment: str) -> None:
     """invoke would convert int/float flags itself and end in a traceback; the tasks parse them instead."""
     assert_one_line_error(invoke(*args), fragment)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["render", "--arch", "sm120", "--bogus"], "No idea what '--bogus' is!"),
+        (["biuld", "--arch", "sm120"], "No idea what 'biuld' is!"),
+        (["render", "--arch"], "needed value and was not given one"),
+        (["render", "--arch", "sm120", "--out", "/etc/passwd"], "cannot write /etc/passwd/sglang-sm120"),
+        (["render", "--arch", "sm120", "--repo", "Upper/Case"], "is not a valid Docker repository name"),
+        (["verify", "--arch", "sm120", "--path", ".", "--package", ""], "is not a Python import name"),
+        (["verify", "--arch", "sm120", "--path", "tests/fixtures/packages/good", "--json", "/tmp"], "cannot write"),
+        (["provision", "--demo", "--port", "70000"], "--port 70000 is not a TCP port"),
+    ],
+)
+def test_parse_errors_and_unwritable_outputs_exit_2_with_one_line(args: list[str], fragment: str) -> None:
+    assert_one_line_error(invoke(*args), fragment)

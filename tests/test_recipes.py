@@ -116,3 +116,22 @@ def test_unknown_recipe_lists_the_known_ones() -> None:
 def test_name_must_match_file(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"field name: 'sglang' must match the file name 'other'"):
         load_recipe(str(write_recipe(tmp_path, SGLANG, name="other")))
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        ('["srv", "--model", "{modle}"]', r"serve\.command\[2\]: unknown placeholder \{modle\}"),
+        ('["srv", "--port", "{port"]', r"serve\.command\[2\]: .*in '\{port'"),
+    ],
+)
+def test_serve_command_placeholders_are_checked_at_load(tmp_path: Path, command: str, message: str) -> None:
+    text = SGLANG.replace("extra_args = []", f"extra_args = []\ncommand = {command}")
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(str(write_recipe(tmp_path, text)))
+
+
+def test_serve_command_fills_its_placeholders(tmp_path: Path) -> None:
+    text = SGLANG.replace("extra_args = []", 'extra_args = []\ncommand = ["srv", "{model}", "{host}:{port}"]')
+    recipe = load_recipe(str(write_recipe(tmp_path, text)))
+    assert recipe.serve_command("/m", host="127.0.0.1", port=9) == ["srv", "/m", "127.0.0.1:9"]

@@ -137,3 +137,16 @@ def test_template_naming_a_missing_field_fails_clearly(tmp_path: Path) -> None:
         RenderError, match=r"sglang.toml: template sglang.Dockerfile.j2 needs recipe section\(s\) \[torch\]"
     ):
         render(load_recipe(str(path)), "sm120")
+
+
+@pytest.mark.parametrize(
+    "repo", ["bwstack", "registry.example.com/ml/bwstack", "localhost:5000/a_b/c-d", "ghcr.io/acme/bw.stack"]
+)
+def test_valid_repositories_render(repo: str) -> None:
+    assert render(load_recipe("sglang"), "sm120", repo=repo).tag.startswith(f"{repo}:sglang-sm120-")
+
+
+@pytest.mark.parametrize("repo", ["RVTEST/Upper", "bad repo", "a//b", "-lead", "x:", "a/b:tag"])
+def test_invalid_repositories_are_refused_before_any_build(repo: str) -> None:
+    with pytest.raises(RenderError, match="is not a valid Docker repository name"):
+        render(load_recipe("sglang"), "sm120", repo=repo)

@@ -329,3 +329,11 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_wheel_members_that_clash_as_file_and_folder_are_refused(tmp_path: Path) -> None:
+    wheel = build_wheel(PACKAGES / "good", tmp_path / "clash.whl", {"sgl_kernel/sm100/common_ops.abi3.so/x.py": b""})
+    with sources.open_wheel(wheel) as tree:
+        report = verify_tree(tree, [parse_arch("sm120")])
+    refused = next(c for c in report.checks if c.name == "source members")
+    assert "clashes with another member" in refused.evidence["refused"][0]

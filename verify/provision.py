@@ -13,6 +13,7 @@ skipped (there is no GPU to ask), and verify against the demo recipe's arch inst
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,18 @@ class ProvisionRequest:
     startup_timeout_s: float = 1800.0
     stall_timeout_s: float = 120.0
     repo: str = "bwstack"
+
+    def __post_init__(self) -> None:
+        # Checked before the first stage, not when smoke finally needs them after a build and a verify.
+        if self.port is not None and not 0 < self.port < 65536:
+            raise BwstackError(f"--port {self.port} is not a TCP port (1..65535)")
+        for name, value in (("--startup-timeout", self.startup_timeout_s), ("--stall-timeout", self.stall_timeout_s)):
+            if not (math.isfinite(value) and value > 0):
+                raise BwstackError(f"{name} must be a positive number of seconds, got {value}")
+        if self.model is not None and not self.demo and not self.model.is_dir():
+            raise BwstackError(
+                f"model folder {self.model} does not exist or is not a folder", remedy="pass --model DIR"
+            )
 
     @classmethod
     def for_demo(cls, *, port: int | None = None, repo: str = "bwstack") -> ProvisionRequest:

@@ -120,17 +120,21 @@ def open_wheel(wheel: Path) -> Iterator[Tree]:
                 refused.append(f"{info.filename} (absolute or '..' path)")
                 continue
             target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if is_shared_object(name.name):
-                # A placeholder, so the loader probe sees the file exist; its bytes are streamed on read().
-                target.touch()
-                binaries.append(name.as_posix())
-            elif name.suffix in (".py", ".pth", ".json", ".txt") or name.parent.name.endswith(".dist-info"):
-                try:
+            wanted = name.suffix in (".py", ".pth", ".json", ".txt") or name.parent.name.endswith(".dist-info")
+            try:
+                if is_shared_object(name.name):
+                    # A placeholder, so the loader probe sees the file exist; its bytes are streamed on read().
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.touch()
+                    binaries.append(name.as_posix())
+                elif wanted:
+                    target.parent.mkdir(parents=True, exist_ok=True)
                     with archive.open(info) as member, target.open("wb") as out:
                         shutil.copyfileobj(member, out, _CHUNK)
-                except (zipfile.BadZipFile, OSError, EOFError) as error:
-                    raise SourceError(f"{wheel}!{info.filename}: cannot extract: {error}") from None
+            except (FileExistsError, NotADirectoryError, IsADirectoryError):
+                refused.append(f"{info.filename} (clashes with another member: a file and a folder of one name)")
+            except (zipfile.BadZipFile, OSError, EOFError) as error:
+                raise SourceError(f"{wheel}!{info.filename}: cannot extract: {error}") from None
         yield Tree(str(wheel), root.resolve(), sorted(binaries), refused, _wheel=archive)
 
 
@@ -179,12 +183,15 @@ def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str) -> li
                     refused.append(f"{member.name} (link to {member.linkname})")
                 continue
             target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
             source = stream.extractfile(member)
             if source is None:
                 continue
-            with target.open("wb") as out:
-                shutil.copyfileobj(source, out, _CHUNK)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as out:
+                    shutil.copyfileobj(source, out, _CHUNK)
+            except (FileExistsError, NotADirectoryError, IsADirectoryError):
+                refused.append(f"{member.name} (clashes with another member: a file and a folder of one name)")
     return refused
 
 

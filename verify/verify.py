@@ -62,6 +62,8 @@ def parse_archs(texts: Iterable[str]) -> list[Arch]:
 
 
 def open_source(*, wheel: str | None, path: str | None, image: str | None, import_name: str) -> AbstractContextManager:
+    if not all(part.isidentifier() for part in import_name.split(".")):
+        raise SourceError(f"--package {import_name!r} is not a Python import name", remedy="e.g. --package sgl_kernel")
     given = [(k, v) for k, v in (("--wheel", wheel), ("--path", path), ("--image", image)) if v]
     if len(given) != 1:
         raise SourceError("give exactly one of --wheel FILE, --path DIR or --image REF")
