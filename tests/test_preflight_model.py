@@ -256,7 +256,7 @@ def _raw_shard(path: Path, header: dict, data: bytes) -> Path:
             "overlaps the previous tensor",
         ),
         ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [4, 0]}}, b"", "are not [begin, end]"),
-        ([1, 2], b"", "header is not a JSON object"),
+        ([1, 2], b"", "not a JSON object"),
     ],
 )
 def test_hostile_headers(tmp_path: Path, header, data: bytes, problem: str) -> None:

@@ -16,7 +16,14 @@ from typing import Any
 
 from bwstack.errors import PreflightError
 from bwstack.report import Check, Status
-from verify.preflight.safetensors_header import ShardError, ShardHeader, read_header
+from verify.preflight.safetensors_header import (
+    ShardError,
+    ShardHeader,
+    excerpt,
+    is_text,
+    json_kind,
+    read_header,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -63,9 +70,22 @@ class ModelSummary:
         }
 
 
+def _more(items: list[str]) -> str:
+    return f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+
+
 def _names(items: list[str]) -> str:
-    shown = ", ".join(items[:_SHOWN])
-    return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
+    return ", ".join(items[:_SHOWN]) + _more(items)
+
+
+def _shard_name_problem(name: Any) -> str | None:
+    """Why an index's file name cannot be a shard of this folder, or None: it must stay inside the folder."""
+    if not is_text(name):
+        return f"names a shard by {json_kind(name)}, expected a file name"
+    parts = name.replace("\\", "/").split("/")
+    if not name or "\0" in name or name.startswith("/") or ".." in parts:
+        return f"names the shard {excerpt(name)}, which is not a file inside the model folder"
+    return None
 
 
 def _gb(n: int) -> str:
@@ -76,6 +96,51 @@ def _gb(n: int) -> str:
     return f"{n} bytes"
 
 
+_WEIGHT_KEYS = ("num_bits", "type", "strategy", "group_size", "symmetric")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _field_problem(value: Any, where: str, expected: str) -> str | None:
+    """A problem line when a config field holds something other than `expected` (null always allowed)."""
+    ok = {
+        "a string": is_text(value),
+        "an object": isinstance(value, dict),
+        "an array of strings": isinstance(value, list) and all(is_text(v) for v in value),
+        "a string, number or boolean": (is_text(value) or isinstance(value, _SCALARS)),
+    }[expected]
+    return None if value is None or ok else f"{where} is {json_kind(value)}, expected {expected}"
+
+
+def config_problems(config: dict[str, Any]) -> list[str]:
+    """Every field bwstack reads from config.json that has the wrong type, by its path in the file."""
+    problems = [
+        _field_problem(config.get("architectures"), "architectures", "an array of strings"),
+        _field_problem(config.get("model_type"), "model_type", "a string"),
+        _field_problem(config.get("text_config"), "text_config", "an object"),
+    ]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for where, raw in (
+        ("quantization_config", config.get("quantization_config")),
+        ("text_config.quantization_config", text.get("quantization_config")),
+    ):
+        problems.append(_field_problem(raw, where, "an object"))
+        if not isinstance(raw, dict):
+            continue
+        problems += [_field_problem(raw.get(k), f"{where}.{k}", "a string") for k in ("quant_method", "format")]
+        groups = raw.get("config_groups")
+        problems.append(_field_problem(groups, f"{where}.config_groups", "an object"))
+        for name, group in groups.items() if isinstance(groups, dict) else ():
+            here = f"{where}.config_groups.{name if name.isprintable() and len(name) <= 60 else excerpt(name)}"
+            problems.append(_field_problem(group, here, "an object"))
+            weights = group.get("weights") if isinstance(group, dict) else None
+            problems.append(_field_problem(weights, f"{here}.weights", "an object"))
+            for key in _WEIGHT_KEYS if isinstance(weights, dict) else ():
+                problems.append(
+                    _field_problem(weights.get(key), f"{here}.weights.{key}", "a string, number or boolean")
+                )
+    return [p for p in problems if p]
+
+
 def summarize_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
     """quantization_config at the top level or under text_config, reduced to what the loader keys on."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
@@ -83,10 +148,11 @@ def summarize_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(raw, dict):
         return None
     weights = []
-    for group in (raw.get("config_groups") or {}).values():
+    groups = raw.get("config_groups")
+    for group in groups.values() if isinstance(groups, dict) else ():
         w = group.get("weights") if isinstance(group, dict) else None
         if isinstance(w, dict):
-            weights.append({k: w.get(k) for k in ("num_bits", "type", "strategy", "group_size", "symmetric")})
+            weights.append({k: w.get(k) for k in _WEIGHT_KEYS})
     return {
         "quant_method": raw.get("quant_method"),
         "format": raw.get("format"),
@@ -116,7 +182,25 @@ def check_config(model_dir: Path, summary: ModelSummary) -> Check:
             "model.config", Status.FAIL, f"{path} is missing", {"path": str(path)}, "copy the model's config.json"
         )
     except (OSError, ValueError) as error:
-        return Check("model.config", Status.FAIL, f"{path} does not parse: {error}", {"path": str(path)})
+        return Check(
+            "model.config", Status.FAIL, f"{path} does not parse: {' '.join(str(error).split())}", {"path": str(path)}
+        )
+    except RecursionError:
+        return Check(
+            "model.config",
+            Status.FAIL,
+            f"{path} does not parse: nested deeper than the JSON parser allows",
+            {"path": str(path)},
+        )
+    problems = config_problems(config)
+    if problems:
+        return Check(
+            "model.config",
+            Status.FAIL,
+            f"{path} is malformed: " + "; ".join(problems[:_SHOWN]) + _more(problems),
+            {"path": str(path), "problems": problems},
+            remedy="re-download config.json from the model's repository; loaders read these fields too",
+        )
     architectures = config.get("architectures") or []
     summary.architecture = architectures[0] if architectures else None
     summary.model_type = config.get("model_type")
@@ -152,13 +236,37 @@ def _read_index(model_dir: Path) -> tuple[dict[str, str] | None, dict[str, Any],
         )
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
-        weight_map = index["weight_map"]
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError("weight_map is not an object of tensor -> file")
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        return None, {}, Check("model.index", Status.FAIL, f"{index_path} does not parse: {error}", {})
-    metadata = index.get("metadata") if isinstance(index.get("metadata"), dict) else {}
-    return weight_map, metadata, None
+    except (OSError, ValueError) as error:
+        problem = f"does not parse: {' '.join(str(error).split())}"
+    except RecursionError:
+        problem = "does not parse: nested deeper than the JSON parser allows"
+    else:
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(index, dict):
+            problem = f"is {json_kind(index)}, not a JSON object"
+        elif not isinstance(weight_map, dict):
+            problem = f"has weight_map {json_kind(weight_map)}, expected an object of tensor -> file"
+        else:
+            bad_names = [t for t in weight_map if not is_text(t)]
+            shard_problems = [p for p in map(_shard_name_problem, weight_map.values()) if p]
+            if bad_names:
+                problem = f"names a tensor {excerpt(bad_names[0])} that is not valid UTF-8 text"
+            elif shard_problems:
+                problem = f"{shard_problems[0]} ({len(shard_problems)} such entries)"
+            else:
+                metadata = index.get("metadata") if isinstance(index.get("metadata"), dict) else {}
+                return weight_map, metadata, None
+    return (
+        None,
+        {},
+        Check(
+            "model.index",
+            Status.FAIL,
+            f"{index_path} {problem}",
+            {"path": str(index_path)},
+            remedy="re-download the index (model.safetensors.index.json) from the model's repository",
+        ),
+    )
 
 
 def check_model(

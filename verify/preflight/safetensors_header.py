@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,15 @@ from bwstack.errors import PreflightError
 
 # The safetensors library refuses headers above 100 MB; a real header is a few MB at most.
 MAX_HEADER_BYTES = 100_000_000
+
+# No file holds 2**63 bytes: offsets, dimensions and element counts at or above it are corrupt, and refusing
+# them keeps every number a finding prints short (Python refuses to print integers of over 4300 digits).
+MAX_SIZE = 2**63
+
+# Excerpts of hostile values in findings: a few levels deep, a few items long, never the whole value.
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel, _EXCERPT.maxlist, _EXCERPT.maxdict, _EXCERPT.maxstring, _EXCERPT.maxother = 2, 4, 4, 60, 40
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number"}
 
 # Bits per element for the format's dtypes; a dtype not listed is accepted without a size check.
 DTYPE_BITS = {
@@ -80,28 +90,60 @@ class ShardHeader:
         return max((t.end for t in self.tensors.values()), default=0)
 
 
+def excerpt(value: Any) -> str:
+    """A short, depth-limited repr of a value read from a file: safe to put in a finding whatever it holds."""
+    return _EXCERPT.repr(value)
+
+
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, as JSON names it, with an excerpt: 'an array ([[1, 2], ...])'."""
+    kind = _JSON_TYPES.get(type(value), "a number" if isinstance(value, float) else "null")
+    return kind if value is None else f"{kind} ({excerpt(value)})"
+
+
+def is_text(value: Any) -> bool:
+    """A string that can be written out as UTF-8 (JSON's \\ud800 escapes decode to unpaired surrogates)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _size(value: Any) -> bool:
+    """A byte offset or dimension: a JSON integer (not a boolean) in [0, 2**63)."""
+    return type(value) is int and 0 <= value < MAX_SIZE
+
+
 def _entry(path: Path, name: str, raw: Any) -> TensorEntry:
+    if not is_text(name):
+        raise ShardError(path, f"tensor name {excerpt(name)} is not valid UTF-8 text")
+    label = f"tensor {excerpt(name)}"
     if not isinstance(raw, dict):
-        raise ShardError(path, f"tensor {name!r}: header entry is not an object")
+        raise ShardError(path, f"{label}: header entry is {json_kind(raw)}, not an object")
     dtype, shape, offsets = raw.get("dtype"), raw.get("shape"), raw.get("data_offsets")
-    if not isinstance(dtype, str):
-        raise ShardError(path, f"tensor {name!r}: no dtype")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ShardError(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1]
-    ):
-        raise ShardError(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+    if not is_text(dtype):
+        raise ShardError(path, f"{label}: dtype is {json_kind(dtype)}, expected a string")
+    if not isinstance(shape, list) or not all(_size(d) for d in shape):
+        raise ShardError(path, f"{label}: shape {excerpt(shape)} is not a list of sizes")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_size(o) for o in offsets):
+        raise ShardError(path, f"{label}: data_offsets {excerpt(offsets)} are not [begin, end]")
+    if offsets[0] > offsets[1]:
+        raise ShardError(path, f"{label}: data_offsets {excerpt(offsets)} are not [begin, end]")
+    elements = 1
+    for dim in shape:
+        elements *= dim
+        if elements >= MAX_SIZE:
+            raise ShardError(path, f"{label}: shape {excerpt(shape)} holds 2**63 elements or more")
     entry = TensorEntry(dtype, tuple(shape), offsets[0], offsets[1])
     bits = DTYPE_BITS.get(dtype)
     if bits is not None:
-        need = math.ceil(math.prod(entry.shape) * bits / 8)
+        need = math.ceil(elements * bits / 8)
         if entry.nbytes != need:
             raise ShardError(
-                path, f"tensor {name!r}: {dtype}{list(shape)} needs {need} bytes, data_offsets span {entry.nbytes}"
+                path, f"{label}: {dtype}{excerpt(shape)} needs {need} bytes, data_offsets span {entry.nbytes}"
             )
     return entry
 
@@ -130,11 +172,20 @@ def read_header(path: Path) -> ShardHeader:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ShardError(path, f"header is not valid JSON ({error})") from None
+    except ValueError as error:  # e.g. an integer of more digits than Python converts
+        raise ShardError(path, f"header is not valid JSON ({' '.join(str(error).split())})") from None
+    except RecursionError:
+        raise ShardError(path, "header is not valid JSON (nested deeper than the JSON parser allows)") from None
     if not isinstance(header, dict):
-        raise ShardError(path, "header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
+        raise ShardError(path, f"header is {json_kind(header)}, not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, dict):
-        raise ShardError(path, "__metadata__ is not an object")
+        raise ShardError(path, f"__metadata__ is {json_kind(metadata)}, not an object")
+    for key, value in metadata.items():
+        if not is_text(key) or not is_text(value):
+            raise ShardError(path, f"__metadata__[{excerpt(key)}] is {json_kind(value)}, expected a string")
     tensors = {name: _entry(path, name, raw_entry) for name, raw_entry in header.items()}
     cursor = 0
     for name, entry in sorted(tensors.items(), key=lambda item: (item[1].begin, item[1].end)):
@@ -142,9 +193,9 @@ def read_header(path: Path) -> ShardHeader:
             gap = (
                 "overlaps the previous tensor" if entry.begin < cursor else f"leaves a {entry.begin - cursor}-byte hole"
             )
-            raise ShardError(path, f"tensor {name!r} at offset {entry.begin} {gap}")
+            raise ShardError(path, f"tensor {excerpt(name)} at offset {entry.begin} {gap}")
         cursor = entry.end
-    shard = ShardHeader(path, length, tensors, {str(k): str(v) for k, v in metadata.items()}, size)
+    shard = ShardHeader(path, length, tensors, dict(metadata), size)
     expected = 8 + length + shard.data_bytes
     if size < expected:
         raise ShardError(path, f"truncated: {size} bytes, the header describes {expected} ({expected - size} missing)")
