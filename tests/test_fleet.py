@@ -37,22 +37,62 @@ def test_daemonset_targets_gpu_nodes_of_the_arch(spec: FleetSpec, files: dict[st
     assert (doc["apiVersion"], doc["kind"], doc["metadata"]["name"]) == ("apps/v1", "DaemonSet", "bwstack-sglang-sm120")
     pod = doc["spec"]["template"]["spec"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    match = {e["key"]: (e["operator"], e["values"]) for e in terms[0]["matchExpressions"]}
+    match = {e["key"]: (e["operator"], e.get("values")) for e in terms[0]["matchExpressions"]}
     assert match == {
         "nvidia.com/gpu.present": ("In", ["true"]),
         "nvidia.com/gpu.compute.major": ("In", ["12"]),
         "nvidia.com/gpu.compute.minor": ("In", ["0"]),
         "nvidia.com/gpu.count": ("Gt", ["7"]),
+        "bwstack/no-docker": ("DoesNotExist", None),
     }
     preflight, provision = pod["initContainers"]
     assert preflight["command"] == spec.preflight_command
     assert preflight["command"][:4] == ["invoke", "preflight", "--recipe", "sglang"]
     assert provision["command"][:4] == ["invoke", "provision", "--image", spec.image]
     assert preflight["resources"]["limits"]["nvidia.com/gpu"] == 8 == provision["resources"]["limits"]["nvidia.com/gpu"]
-    shm = {v["name"]: v for v in pod["volumes"]}["dshm"]
-    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
-    assert {"name": "dshm", "mountPath": "/dev/shm"} in preflight["volumeMounts"]
     assert validate_daemonset(files[fleet.DAEMONSET], spec) == []
+
+
+def test_pods_see_what_provision_starts_on_the_node(spec: FleetSpec, files: dict[str, str]) -> None:
+    """provision runs the server through the node's Docker with host networking and a bind mount of the model,
+    probes 127.0.0.1 and follows the server by its host PID: the pod must share all of that with the node."""
+    pod = yaml.safe_load(files[fleet.DAEMONSET])["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["hostPID"] is True
+    assert pod["hostIPC"] is True  # the node's /dev/shm, which the server gets too: host.shm measures that one
+    assert not any(m["mountPath"] == "/dev/shm" for c in pod["initContainers"] for m in c["volumeMounts"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for container in pod["initContainers"]:
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        socket = volumes[mounts["/var/run/docker.sock"]["name"]]
+        assert socket["hostPath"] == {"path": "/var/run/docker.sock", "type": "Socket"}
+        model = mounts[spec.model_dir]
+        assert volumes[model["name"]]["hostPath"] == {"path": spec.model_dir, "type": "Directory"}
+        assert model["readOnly"] is True
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (("hostNetwork: true", "hostNetwork: false"), "hostNetwork must be True"),
+        (("\n      dnsPolicy: ClusterFirstWithHostNet", ""), "dnsPolicy must be 'ClusterFirstWithHostNet'"),
+        (("hostPID: true", "hostPID: false"), "hostPID must be True"),
+        (("type: Socket", "type: DirectoryOrCreate"), "provision: no hostPath /var/run/docker.sock (type Socket)"),
+        (("mountPath: /var/run/docker.sock", "mountPath: /run/docker.sock"), "preflight: no hostPath"),
+        (
+            ('mountPath: "/models/Kimi-K2.5"', 'mountPath: "/model"'),
+            "provision: the model folder /models/Kimi-K2.5 must be the node's /models/Kimi-K2.5",
+        ),
+        (('path: "/models/Kimi-K2.5"', 'path: "/srv/Kimi-K2.5"'), "mounted at the same path"),
+    ],
+)
+def test_validator_requires_the_node_access_provision_needs(
+    spec: FleetSpec, files: dict[str, str], edit: tuple[str, str], problem: str
+) -> None:
+    old, new = edit
+    assert old in files[fleet.DAEMONSET]
+    problems = validate_daemonset(files[fleet.DAEMONSET].replace(old, new), spec)
+    assert any(problem in p for p in problems), problems
 
 
 def test_daemonset_passes_the_kubernetes_schema(files: dict[str, str]) -> None:
@@ -75,7 +115,7 @@ def test_validators_catch_broken_manifests(spec: FleetSpec, files: dict[str, str
     daemonset = files[fleet.DAEMONSET]
     problems = validate_daemonset(daemonset.replace("nvidia.com/gpu: 8", "nvidia.com/gpu: 1", 1), spec)
     assert problems == ["preflight: resources.limits nvidia.com/gpu must be 8"]
-    problems = validate_daemonset(daemonset.replace("mountPath: /dev/shm", "mountPath: /scratch"), spec)
+    problems = validate_daemonset(daemonset.replace("hostIPC: true", "hostIPC: false"), spec)
     assert any("/dev/shm" in p for p in problems)
     problems = validate_daemonset(daemonset.replace("nvidia.com/gpu.present", "example.com/gpu"), spec)
     assert "no node affinity or nodeSelector on nvidia.com/gpu.present" in problems

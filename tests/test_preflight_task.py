@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pynvml
@@ -93,17 +96,52 @@ def test_docker_check_accepts_a_runtime_or_a_cdi_spec(tmp_path: Path) -> None:
     assert with_runtime.status is Status.PASS and with_runtime.finding == "Docker 28.1.1 with runtime nvidia"
 
 
-def test_unreachable_docker_is_a_failed_check(tmp_path: Path) -> None:
-    def refuse() -> dict:
-        raise ConnectionError("Error while fetching server API version: connection refused")
+def _refuse() -> dict:
+    raise ConnectionError("Error while fetching server API version: connection refused")
 
-    facts: HostFacts = read_host(Paths(cdi_dirs=()), disk_path=tmp_path, docker_info=refuse)
+
+@pytest.fixture
+def dead_socket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A unix socket nobody answers on (a short path: sun_path holds 108 bytes); DOCKER_HOST unset."""
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder, socket.socket(socket.AF_UNIX) as listener:
+        path = Path(folder) / "docker.sock"
+        listener.bind(str(path))
+        yield path
+
+
+def test_unreachable_docker_is_a_failed_check(tmp_path: Path, dead_socket: Path) -> None:
+    facts: HostFacts = read_host(Paths(cdi_dirs=(), docker_socket=dead_socket), disk_path=tmp_path, docker_info=_refuse)
+    assert (facts.docker_socket, facts.docker_socket_state) == (dead_socket, "socket")
     result = check_docker(facts)
     assert result.status is Status.FAIL
     assert (
         result.finding
         == "Docker engine not reachable (ConnectionError: Error while fetching server API version: connection refused)"
     )
+
+
+def test_a_node_without_docker_is_named_with_the_way_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A containerd-only node has no /var/run/docker.sock: the DaemonSet's pod cannot mount it, provision
+    cannot run there; preflight (bare metal, Ansible) says so and how to keep the fleet off the node."""
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    gone = tmp_path / "docker.sock"
+    result = check_docker(read_host(Paths(cdi_dirs=(), docker_socket=gone), disk_path=tmp_path, docker_info=_refuse))
+    assert result.status is Status.FAIL
+    assert result.finding.startswith(f"no Docker engine: {gone} does not exist (a node with containerd alone")
+    assert "kubectl label node <node> bwstack/no-docker=true" in result.remedy
+    assert result.evidence["socket"] == str(gone)
+
+    gone.mkdir()  # what a hostPath mount without `type: Socket` leaves on a node without Docker
+    result = check_docker(read_host(Paths(cdi_dirs=(), docker_socket=gone), disk_path=tmp_path, docker_info=_refuse))
+    assert result.finding.startswith(f"no Docker engine: {gone} is not a socket")
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'elsewhere.sock'}")  # the socket the SDK dials
+    facts = read_host(Paths(cdi_dirs=()), disk_path=tmp_path, docker_info=_refuse)
+    assert (facts.docker_socket, facts.docker_socket_state) == (tmp_path / "elsewhere.sock", "missing")
+    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.1:2375")  # a remote engine: no socket to look at here
+    facts = read_host(Paths(cdi_dirs=(), docker_socket=gone), disk_path=tmp_path, docker_info=_refuse)
+    assert facts.docker_socket is None and check_docker(facts).finding.startswith("Docker engine not reachable")
 
 
 @pytest.mark.docker

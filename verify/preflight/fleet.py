@@ -24,6 +24,8 @@ DAEMONSET = "daemonset.yaml"
 PLAYBOOK = "playbook.yml"
 DEFAULT_RUNNER = "bwstack-runner:latest"
 DEFAULT_REPORTS = "/var/lib/bwstack/reports"
+DOCKER_SOCKET = "/var/run/docker.sock"
+NO_DOCKER_LABEL = "bwstack/no-docker"  # label a node without Docker with it to keep the DaemonSet off it
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -43,7 +45,6 @@ class FleetSpec:
     runner_image: str = DEFAULT_RUNNER  # an image holding bwstack (repo + venv) that runs the checks
     namespace: str = "bwstack"
     report_dir: str = DEFAULT_REPORTS
-    shm_size: str = "32Gi"
     extra_labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -234,11 +235,39 @@ def validate_daemonset(text: str, spec: FleetSpec) -> list[str]:
     ]
     if not pod.get("hostIPC") and not shm:
         problems.append("neither hostIPC nor a memory-backed /dev/shm: NCCL between ranks breaks on 64 MB")
+    problems += _host_access_problems(pod, containers, volumes, spec)
     size = _get(volumes.get("dshm"), "emptyDir.sizeLimit")
     if size is not None and not _QUANTITY.match(str(size)):
         problems.append(f"/dev/shm sizeLimit {size!r} is not a Kubernetes quantity")
     if pod.get("restartPolicy", "Always") != "Always":
         problems.append("a DaemonSet's pods must use restartPolicy Always")
+    return problems
+
+
+def _host_access_problems(
+    pod: dict[str, Any], containers: dict[str, Any], volumes: dict[str, Any], spec: FleetSpec
+) -> list[str]:
+    """What provision needs of the node from inside the pod: its network, PIDs, Docker and the model's path."""
+    problems = [
+        f"spec.template.spec.{key} must be {want!r} ({why})"
+        for key, want, why in (
+            ("hostNetwork", True, "provision probes the server it starts with host networking at 127.0.0.1"),
+            ("dnsPolicy", "ClusterFirstWithHostNet", "with hostNetwork, cluster DNS needs it"),
+            ("hostPID", True, "smoke follows the server by its host PID"),
+        )
+        if pod.get(key) != want
+    ]
+    for step in ("preflight", "provision"):
+        mounts = {m.get("mountPath"): m for m in (containers.get(step) or {}).get("volumeMounts") or []}
+        socket = _get(volumes.get((mounts.get(DOCKER_SOCKET) or {}).get("name")), "hostPath") or {}
+        if socket != {"path": DOCKER_SOCKET, "type": "Socket"}:
+            problems.append(f"{step}: no hostPath {DOCKER_SOCKET} (type Socket) mounted at {DOCKER_SOCKET}")
+        model = _get(volumes.get((mounts.get(spec.model_dir) or {}).get("name")), "hostPath.path")
+        if model != spec.model_dir:
+            problems.append(
+                f"{step}: the model folder {spec.model_dir} must be the node's {spec.model_dir}, mounted at the same "
+                f"path (Docker resolves provision's bind mount on the node), found {model!r}"
+            )
     return problems
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ class HostPaths:
     iommu_groups: Path = Path("/sys/kernel/iommu_groups")
     cmdline: Path = Path("/proc/cmdline")
     cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+    docker_socket: Path = Path("/var/run/docker.sock")  # where the engine listens when DOCKER_HOST is not set
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class HostFacts:
     docker_error: str | None
     docker_checked: bool = True
     cdi_specs: tuple[Path, ...] = field(default=())
+    docker_socket: Path | None = None  # the engine's unix socket (None: DOCKER_HOST names a TCP/SSH engine)
+    docker_socket_state: str | None = None  # "socket", "missing" or "not a socket"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +76,8 @@ class HostFacts:
             "docker_runtimes": sorted((self.docker or {}).get("Runtimes") or {}),
             "docker_error": self.docker_error,
             "cdi_specs": [str(p) for p in self.cdi_specs],
+            "docker_socket": str(self.docker_socket) if self.docker_socket else None,
+            "docker_socket_state": self.docker_socket_state,
         }
 
 
@@ -84,6 +90,21 @@ def docker_engine_info() -> dict[str, Any]:
         return client.info()
     finally:
         client.close()
+
+
+def _docker_socket(paths: HostPaths) -> tuple[Path | None, str | None]:
+    """The unix socket the Docker SDK will dial (DOCKER_HOST's, else the default) and what is there."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return None, None
+    socket = Path(host.removeprefix("unix://")) if host else paths.docker_socket
+    try:
+        mode = socket.stat().st_mode
+    except FileNotFoundError:
+        return socket, "missing"
+    except OSError:
+        return socket, None
+    return socket, "socket" if stat.S_ISSOCK(mode) else "not a socket"
 
 
 def _listing(path: Path) -> list[str]:
@@ -141,6 +162,7 @@ def read_host(paths: HostPaths, *, disk_path: Path, docker_info: DockerInfo | No
             info = docker_info()
         except Exception as exc:  # the Docker SDK raises several unrelated types for "no engine"
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+    socket, socket_state = _docker_socket(paths) if docker_info is not None else (None, None)
     cdi_dirs = tuple(dict.fromkeys([*paths.cdi_dirs, *(Path(d) for d in (info or {}).get("CDISpecDirs") or [])]))
     return HostFacts(
         shm_bytes=shm,
@@ -156,6 +178,8 @@ def read_host(paths: HostPaths, *, disk_path: Path, docker_info: DockerInfo | No
         docker_error=error,
         docker_checked=docker_info is not None,
         cdi_specs=_cdi_specs(cdi_dirs),
+        docker_socket=socket,
+        docker_socket_state=socket_state,
     )
 
 
@@ -225,6 +249,24 @@ def check_docker(facts: HostFacts, *, need_gpus: bool = True) -> Check:
     runtimes = sorted((facts.docker or {}).get("Runtimes") or {})
     specs = [str(p) for p in facts.cdi_specs]
     evidence: dict[str, Any] = {"runtimes": runtimes, "cdi_specs": specs, "error": facts.docker_error}
+    if facts.docker is None and facts.docker_socket_state == "missing":
+        return Check(
+            "host.docker",
+            Status.FAIL,
+            f"no Docker engine: {facts.docker_socket} does not exist (a node with containerd alone has none); "
+            "provision verifies and smoke-tests the image through Docker",
+            evidence | {"socket": str(facts.docker_socket)},
+            remedy="install Docker Engine and the NVIDIA Container Toolkit on the node; to keep `invoke fleet`'s "
+            "DaemonSet off a node without Docker: kubectl label node <node> bwstack/no-docker=true",
+        )
+    if facts.docker is None and facts.docker_socket_state == "not a socket":
+        return Check(
+            "host.docker",
+            Status.FAIL,
+            f"no Docker engine: {facts.docker_socket} is not a socket (a directory a container mount left behind?)",
+            evidence | {"socket": str(facts.docker_socket)},
+            remedy=f"remove {facts.docker_socket} once nothing mounts it, then start dockerd (systemctl start docker)",
+        )
     if facts.docker is None:
         return Check(
             "host.docker",

@@ -34,7 +34,7 @@ class PreflightRequest:
     tp: int = 1
     model: Path | None = None
     kv_headroom: float = DEFAULT_KV_HEADROOM
-    docker: bool = True  # check the Docker engine (off inside a Kubernetes pod)
+    docker: bool = True  # check the Docker engine provision will use (--no-docker skips it)
     gpus: bool = True  # check GPUs through NVML (off only for `provision --demo`, which needs none)
 
     def __post_init__(self) -> None:
