@@ -135,6 +135,40 @@ def test_render_refuses_names_kubernetes_would_reject(spec: FleetSpec) -> None:
         render_fleet(dataclasses.replace(spec, recipe="SGLang_v2"))
 
 
+@pytest.mark.parametrize(
+    ("reference", "registry"),
+    [
+        ("bwstack:sglang-sm120-cuda13.1-abc", False),
+        ("bwstack-runner:latest", False),
+        ("myorg/bwstack:1", False),  # Docker Hub's myorg
+        ("registry.example.com/ml/bwstack:1", True),
+        ("localhost:5000/bwstack:1", True),
+        ("localhost/bwstack", True),
+        ("10.0.0.7:5000/bwstack@sha256:" + "0" * 64, True),
+        ("docker.io/library/python:3.12", True),
+    ],
+)
+def test_names_registry_follows_dockers_rule(reference: str, registry: bool) -> None:
+    assert fleet.names_registry(reference) is registry
+
+
+def test_default_images_without_a_registry_are_warned_about(spec: FleetSpec) -> None:
+    image, runner = fleet.fleet_warnings(spec)
+    assert image.startswith(f"image {spec.image} names no registry: every node will try to pull it from Docker Hub")
+    assert f"(docker.io/library/{spec.image})" in image
+    assert runner.startswith("runner image bwstack-runner:latest names no registry")
+    pushed = spec_for_recipe(
+        "sglang", arch="sm120", repo="registry.example.com/ml/bwstack", runner_image="registry.example.com/r:1"
+    )
+    assert fleet.fleet_warnings(pushed) == []
+
+
+@pytest.mark.parametrize("model_dir", ["models/Kimi-K2.5", "./Kimi-K2.5", "~/models", ""])
+def test_render_refuses_a_relative_model_folder(spec: FleetSpec, model_dir: str) -> None:
+    with pytest.raises(RenderError, match="is not an absolute path: a Kubernetes hostPath and Ansible need one"):
+        render_fleet(dataclasses.replace(spec, model_dir=model_dir))
+
+
 def test_write_fleet(spec: FleetSpec, tmp_path: Path) -> None:
     written = fleet.write_fleet(spec, tmp_path)
     assert [p.relative_to(tmp_path).as_posix() for p in written] == [

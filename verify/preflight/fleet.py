@@ -118,6 +118,27 @@ def spec_for_recipe(
     )
 
 
+def names_registry(reference: str) -> bool:
+    """Whether an image reference starts with a registry host, by Docker's rule: a first path component
+    holding '.' or ':', or 'localhost'. Without one, `bwstack:tag` means docker.io/library/bwstack:tag."""
+    first, slash, _ = reference.partition("/")
+    return bool(slash) and ("." in first or ":" in first or first == "localhost")
+
+
+def fleet_warnings(spec: FleetSpec) -> list[str]:
+    """One line per image every node would have to pull from Docker Hub because it names no registry."""
+    return [
+        f"{what} {reference} names no registry: every node will try to pull it from Docker Hub "
+        f"(docker.io/{'' if '/' in reference.split(':')[0] else 'library/'}{reference}); unless it is preloaded "
+        f"on every node, push it to your registry and pass {flag}"
+        for what, reference, flag in (
+            ("image", spec.image, "--repo REGISTRY/PATH (or --image REGISTRY/PATH:TAG)"),
+            ("runner image", spec.runner_image, "--runner REGISTRY/PATH:TAG"),
+        )
+        if not names_registry(reference)
+    ]
+
+
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
@@ -133,6 +154,11 @@ def render_fleet(spec: FleetSpec) -> dict[str, str]:
         raise RenderError(f"{spec.name!r} / namespace {spec.namespace!r}: not valid Kubernetes names (RFC 1123 labels)")
     if spec.tp < 1:
         raise RenderError(f"tp must be >= 1, got {spec.tp}")
+    if not spec.model_dir.startswith("/"):
+        raise RenderError(
+            f"model folder {spec.model_dir!r} is not an absolute path: a Kubernetes hostPath and Ansible need one",
+            remedy=f"pass --model-dir /path/on/every/node, e.g. /models/{spec.model_dir.rstrip('/').split('/')[-1]}",
+        )
     env = _environment()
     files = {}
     for name in (DAEMONSET, PLAYBOOK):
@@ -149,10 +175,11 @@ def render_fleet(spec: FleetSpec) -> dict[str, str]:
 
 def write_fleet(spec: FleetSpec, out: Path) -> list[Path]:
     """Write <out>/fleet/<recipe>-<arch>/{daemonset.yaml, playbook.yml}; return the paths."""
+    files = render_fleet(spec)  # first: a spec that does not render leaves nothing behind
     folder = out / "fleet" / f"{spec.recipe}-{spec.arch}"
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render_fleet(spec).items():
+    for name, text in files.items():
         path = folder / name
         path.write_text(text)
         written.append(path)
