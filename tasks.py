@@ -259,7 +259,7 @@ def build(
 @guarded
 def fleet(
     c: Context,
-    arch: str,
+    arch: str | None = None,
     recipe: str | None = None,
     image: str | None = None,
     repo: str | None = None,
@@ -270,8 +270,10 @@ def fleet(
     """Render and validate a Kubernetes DaemonSet and an Ansible playbook that preflight + provision a fleet."""
     from pathlib import Path
 
-    from verify.preflight.fleet import DEFAULT_RUNNER, spec_for_recipe, write_fleet
+    from verify.preflight.fleet import DEFAULT_RUNNER, fleet_warnings, spec_for_recipe, write_fleet
 
+    if not arch:
+        raise BwstackError("no --arch given (e.g. --arch sm120)")
     spec = spec_for_recipe(
         _setting(c, "recipe", recipe),
         arch=arch,
@@ -282,6 +284,8 @@ def fleet(
     )
     for path in write_fleet(spec, Path(_setting(c, "out", out))):
         print(path)
+    for warning in fleet_warnings(spec):
+        print(f"bwstack: warning: {warning}", file=sys.stderr)
 
 
 @task(

@@ -79,6 +79,48 @@ def test_fleet_task_writes_validated_manifests(tmp_path: Path) -> None:
     assert "registry.local/sglang:test" in written[0].read_text()
 
 
+def test_fleet_warns_about_images_every_node_would_pull_from_docker_hub(tmp_path: Path) -> None:
+    result = invoke("fleet", "--arch", "sm120", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = result.stderr.strip().splitlines()
+    assert len(warnings) == 2 and all(w.startswith("bwstack: warning: ") for w in warnings)
+    assert "image bwstack:sglang-sm120-cuda13.1-" in warnings[0] and "names no registry" in warnings[0]
+    assert "pass --repo REGISTRY/PATH" in warnings[0]
+    assert "runner image bwstack-runner:latest names no registry" in warnings[1] and "--runner" in warnings[1]
+
+    result = invoke(
+        "fleet",
+        "--arch",
+        "sm120",
+        "--out",
+        str(tmp_path),
+        "--repo",
+        "registry.example.com/ml/bwstack",
+        "--runner",
+        "registry.example.com/ml/bwstack-runner:1",
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert (
+        "registry.example.com/ml/bwstack:sglang-sm120-" in (tmp_path / "fleet/sglang-sm120/daemonset.yaml").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ((), "no --arch given (e.g. --arch sm120)"),
+        (("--arch", "sm120", "--model-dir", "models/Kimi-K2.5"), "model folder 'models/Kimi-K2.5' is not an absolute"),
+        (("--arch", "sm120", "--model-dir", "~/models/Kimi"), "(remedy: pass --model-dir /path/on/every/node"),
+    ],
+)
+def test_fleet_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...], fragment: str) -> None:
+    result = invoke("fleet", "--out", str(tmp_path), *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("bwstack: error: ") and fragment in line
+    assert not (tmp_path / "fleet").exists()
+
+
 def test_docker_check_accepts_a_runtime_or_a_cdi_spec(tmp_path: Path) -> None:
     cdi = tmp_path / "cdi"
     cdi.mkdir()
