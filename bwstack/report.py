@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bwstack.errors import ReportError
@@ -138,14 +139,15 @@ class Report:
     def print_table(self, console: Console | None = None) -> None:
         console = console or Console()
         verdict = "[green]PASS[/green]" if self.ok else "[bold red]FAIL[/bold red]"
-        table = Table(title=f"bwstack {self.kind}: {self.subject} {verdict}", show_lines=False, expand=False)
+        table = Table(title=f"bwstack {self.kind}: {escape(self.subject)} {verdict}", show_lines=False, expand=False)
         table.add_column("check", no_wrap=True)
         table.add_column("status", no_wrap=True)
         table.add_column("finding")
         for check in self.checks:
             style = _STATUS_STYLE[check.status]
-            finding = check.finding
+            # Findings quote file, tensor and log text: escape it, or "[/b]" in a name is read as markup.
+            finding = escape(check.finding)
             if check.remedy and check.status in (Status.FAIL, Status.WARN):
-                finding += f"\n[cyan]remedy:[/cyan] {check.remedy}"
-            table.add_row(check.name, f"[{style}]{check.status}[/{style}]", finding)
+                finding += f"\n[cyan]remedy:[/cyan] {escape(check.remedy)}"
+            table.add_row(escape(check.name), f"[{style}]{check.status}[/{style}]", finding)
         console.print(table)

@@ -1,0 +1,65 @@
+"""The shared report shape: exit codes, JSON, JUnit, and a table that prints whatever a finding quotes."""
+
+from __future__ import annotations
+
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from bwstack.errors import ReportError
+from bwstack.report import Check, Report, Status
+
+
+def sample() -> Report:
+    report = Report(kind="verify", subject="image [/b]x")
+    report.add(Check("sm120 loader", Status.PASS, "runs via sm_120a"))
+    report.add(
+        Check("weights [/b]", Status.FAIL, "tensor model.[/b].weight is missing [red]", remedy="re-[/i]download")
+    )
+    report.add(Check("flash_ops", Status.WARN, "no code for 12.0"))
+    report.add(Check("gpu", Status.SKIP, "no NVML"))
+    report.data = {"targets": [{"arch": "sm120"}]}
+    return report
+
+
+def test_exit_codes_follow_the_worst_check() -> None:
+    assert sample().exit_code == 1
+    passing = Report("x", "y", [Check("a", Status.PASS, "ok"), Check("b", Status.WARN, "meh")])
+    assert passing.exit_code == 0 and passing.ok
+    infra = Report("x", "y", [Check("a", Status.FAIL, "registry down", infrastructure=True)])
+    assert infra.exit_code == 2
+
+
+def test_table_prints_findings_that_look_like_markup() -> None:
+    buffer = io.StringIO()
+    sample().print_table(Console(file=buffer, width=200, force_terminal=False))
+    text = buffer.getvalue()
+    assert "tensor model.[/b].weight is missing [red]" in text and "re-[/i]download" in text
+
+
+def test_json_puts_the_payload_beside_ok_and_checks(tmp_path: Path) -> None:
+    report = sample()
+    report.write(json_path=tmp_path / "r.json", junit_path=tmp_path / "r.xml")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["ok"] is False and data["targets"] == [{"arch": "sm120"}]
+    assert [c["status"] for c in data["checks"]] == ["pass", "fail", "warn", "skip"]
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "1", "1")
+
+
+def test_reserved_keys_cannot_be_shadowed_by_the_payload() -> None:
+    report = sample()
+    report.data["ok"] = True
+    with pytest.raises(ValueError, match="reserved keys"):
+        report.to_dict()
+
+
+def test_unwritable_report_path_is_a_report_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ReportError, match="cannot write the report to"):
+        sample().write(json_path=blocker / "r.json")
