@@ -141,6 +141,37 @@ def test_health_503_forever_is_unhealthy(port: int) -> None:
     assert data["listening_after_s"] is not None and data["ready_after_s"] is None
     assert checks(report)["health"] is Status.FAIL and checks(report)["models"] is Status.SKIP
     assert "503" in data["probes"]["health"]["detail"]
+    assert "but GET /health kept failing until" in data["summary"]  # the failing probe, by its request
+
+
+def test_a_completion_that_never_returns_is_a_hang_named_within_the_stall_timeout(port: int) -> None:
+    # /health and /v1/models answer, the completion request sleeps forever: the request used to block the
+    # watch loop for 30 s (twice), and the finding said "/health never answered"
+    report, data, _ = smoke(emulator_command(port, "completion-never-returns"), port, startup=30.0)
+    last_output = Path(data["log_path"]).stat().st_mtime  # the access-log line of the /v1/models reply
+    assert (data["verdict"], data["phase"]) == ("hang", "listening")
+    assert STALL <= data["verdict_at"] - last_output <= STALL + 2
+    assert data["summary"].startswith(
+        "hang in listening: the server listens and GET /health, GET /v1/models passed, "
+        "but POST /v1/completions never returned a completion (no log output, no CPU progress, no HTTP reply"
+    )
+    assert "/health never answered" not in data["summary"]
+    assert checks(report)["health"] is Status.PASS and checks(report)["models"] is Status.PASS
+    assert data["probes"]["completion"]["detail"].startswith("no reply within")
+    assert data["probes"]["completion"]["seconds"] <= STALL + 0.5  # bounded by the stall window, not 30 s
+    assert "completion probe fails" in data["diagnosis"]["likely_causes"][0]["cause"]
+
+
+def test_a_log_that_says_listening_on_a_port_that_never_accepts_names_the_tcp_probe() -> None:
+    port = free_port()
+    marker = f"{time.time_ns() % 10_000_000 + 5_000_000}"
+    said = f"INFO:     Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)"
+    _, data, _ = smoke(("sh", "-c", f"echo '{said}'; exec sleep {marker}"), port)
+    assert (data["verdict"], data["phase"]) == ("hang", "listening")
+    assert data["summary"].startswith(
+        f"hang in listening: the log says it listens, but a TCP connection to 127.0.0.1:{port} was never accepted"
+    )
+    assert not processes_mentioning(f"sleep {marker}")
 
 
 def test_a_completion_without_choices_is_unhealthy(port: int) -> None:

@@ -17,6 +17,8 @@ Scenarios:
   busy-silent            rank 0 spins the CPU without a word after `Load weight begin`
   health-503             listens, but /health answers 503 forever
   bad-completion         healthy, but /v1/completions returns no choices
+  completion-never-returns  /health 200 and /v1/models answer, but POST /v1/completions never replies (the
+                         request sleeps forever: no log line, no CPU)
   exit-at-once           prints an argument error and exits 2 before anything else
 """
 
@@ -39,6 +41,7 @@ SCENARIOS = (
     "busy-silent",
     "health-503",
     "bad-completion",
+    "completion-never-returns",
     "exit-at-once",
 )
 
@@ -209,6 +212,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if self.path not in ("/v1/completions", "/generate"):
                 self.reply(404, {"detail": "Not Found"})
                 return
+            if args.scenario == "completion-never-returns":
+                threading.Event().wait()  # a request stuck in the scheduler: asleep, never answered
             if args.scenario == "bad-completion":
                 self.reply(200, {"id": "cmpl-0", "object": "text_completion", "choices": []})
                 return

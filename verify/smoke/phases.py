@@ -103,7 +103,7 @@ SGLANG = Vocabulary(
             ),
             "scheduler ready, the HTTP server never listened",
         ),
-        Phase(LISTENING, _p(r"Uvicorn running on"), "the server listens, but /health never answered"),
+        Phase(LISTENING, _p(r"Uvicorn running on"), "the server listens, but the HTTP probes never passed"),
         Phase(READY, (), "ready"),
     ),
 )
@@ -154,7 +154,7 @@ VLLM = Vocabulary(
             ),
             "engine ready, the HTTP server never listened",
         ),
-        Phase(LISTENING, _p(r"Uvicorn running on"), "the server listens, but /health never answered"),
+        Phase(LISTENING, _p(r"Uvicorn running on"), "the server listens, but the HTTP probes never passed"),
         Phase(READY, (), "ready"),
     ),
 )

@@ -57,6 +57,20 @@ class ProbeResult:
         }
 
 
+REQUESTS = {
+    "tcp": "a TCP connection",
+    "health": "GET /health",
+    "models": "GET /v1/models",
+    "completion": "POST /v1/completions",
+}
+_NEVER = {
+    "tcp": "a TCP connection to {where} was never accepted",
+    "health": "GET /health never answered 200",
+    "models": "GET /v1/models never named a model",
+    "completion": "POST /v1/completions never returned a completion",
+}
+
+
 def _short(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -114,6 +128,16 @@ class ReadinessProbe:
     def ready(self) -> bool:
         return self.current is None
 
+    def passed_requests(self) -> list[str]:
+        """The HTTP requests that passed, in order, as people write them ("GET /health")."""
+        done = self.STEPS if self.current is None else self.STEPS[: self.STEPS.index(self.current)]
+        return [REQUESTS[name] for name in done if name != "tcp"]
+
+    def failing(self) -> str:
+        """The probe that keeps failing, in words: "POST /v1/completions never returned a completion"."""
+        name = self.current
+        return "every probe passed" if name is None else _NEVER[name].format(where=f"{self.host}:{self.port}")
+
     def step(self, budget_s: float | None = None) -> ProbeResult | None:
         """Run the current step once; its result (None when already ready)."""
         name = self.current
@@ -125,7 +149,7 @@ class ReadinessProbe:
             result = ProbeResult("tcp", ok, "accepting" if ok else f"nothing listening on {self.host}:{self.port}")
         else:
             timeout = self.completion_timeout_s if name == "completion" else self.request_timeout_s
-            if budget_s is not None:
+            if budget_s is not None:  # the watcher's: inside the stall window and the startup timeout
                 timeout = max(0.5, min(timeout, budget_s))
             result = getattr(self, f"_{name}")(timeout)
         result.seconds = time.monotonic() - started
@@ -138,7 +162,7 @@ class ReadinessProbe:
         try:
             reply = self.session.request(method, self.base + path, timeout=timeout, **kwargs)
         except requests.Timeout:
-            return ProbeResult(name, False, f"no reply within {timeout:g} s"), None
+            return ProbeResult(name, False, f"no reply within {timeout:.3g} s"), None
         except requests.ConnectionError as error:
             reason = "connection refused" if "refused" in str(error).lower() else f"connection failed: {error}"
             return ProbeResult(name, False, _short(reason)), None

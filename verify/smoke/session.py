@@ -110,7 +110,7 @@ def _diagnose(
         likely_causes=dx.causes_for(
             outcome.phase,
             busy=outcome.verdict is Verdict.TIMEOUT,
-            failing_probe=probe.current if outcome.verdict is Verdict.UNHEALTHY else None,
+            failing_probe=probe.current if outcome.verdict in (Verdict.UNHEALTHY, Verdict.HANG) else None,
         ),
         signatures=signatures,
         notes=notes,
@@ -156,9 +156,13 @@ def run_smoke(
     client = docker_client() if request.image else None  # an unreachable engine: exit 2 before anything starts
     log_path = request.log_path or Path(tempfile.mkdtemp(prefix="bwstack-smoke-")) / "server.log"
     sampler = gpu or open_gpu_sampler()
-    # a request that never returns blocks the watch loop: keep it well inside the stall timeout
+    # a request that never returns blocks the watch loop: keep every one inside the stall timeout (the
+    # watcher also gives each only what is left of the stall window)
     probe = ReadinessProbe(
-        request.host, command.port, request_timeout_s=min(5.0, max(0.5, request.stall_timeout_s / 2))
+        request.host,
+        command.port,
+        request_timeout_s=min(5.0, max(0.5, request.stall_timeout_s / 2)),
+        completion_timeout_s=min(30.0, max(0.5, request.stall_timeout_s)),
     )
     cleanup: CleanupResult | None = None
     try:

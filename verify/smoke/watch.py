@@ -10,7 +10,10 @@ Verdicts, exactly these words:
 
 A stall is detected within one poll interval of --stall-timeout (0.25 s by default): well inside the
 2 s the issue allows. Once the port is open, every HTTP reply (even a 503) counts as a sign of life,
-so a server that answers but never becomes healthy ends as `unhealthy`, not `hang`.
+so a server that answers but never becomes healthy ends as `unhealthy`, not `hang`. An HTTP request
+blocks the loop, so each one is given only what is left of the stall window (and of the startup
+timeout): a request that never returns times out when the stall is due, and the loop looks again
+(log, exit, activity) before it judges.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from verify.smoke.activity import ActivityMonitor
 from verify.smoke.launch import ExitStatus, Server
 from verify.smoke.logfollow import FileFollower
 from verify.smoke.phases import PhaseTracker
-from verify.smoke.probe import ReadinessProbe
+from verify.smoke.probe import REQUESTS, ReadinessProbe
 
 Progress = Callable[[str], None]
 
@@ -124,6 +127,18 @@ class Watcher:
         if self.follower.bytes_read > before:
             self.last_output = now
 
+    def _quiet_since(self) -> float:
+        """When the last sign of life came: log output, CPU progress, GPU activity or an HTTP reply."""
+        return max(self.last_output, self.last_cpu, self.last_gpu or 0.0, self.last_reply or 0.0)
+
+    def _exited(self) -> Outcome | None:
+        status = self.server.poll()
+        if status is None:
+            return None
+        self.follower.read_all_new()
+        self._read_log(self._clock())
+        return self._crash(self._clock(), status)
+
     def _outcome(self, now: float, verdict: Verdict, summary: str, **extra: Any) -> Outcome:
         def ago(at: float | None) -> float | None:
             return None if at is None else round(at - self.started, 2)
@@ -155,14 +170,14 @@ class Watcher:
         while True:
             now = self._clock()
             self._read_log(now)
+            outcome = self._exited() or self._probe(now)
+            if outcome is not None:
+                return outcome
 
-            status = self.server.poll()
-            if status is not None:
-                self.follower.read_all_new()
-                self._read_log(self._clock())
-                return self._crash(self._clock(), status)
-
-            outcome = self._probe(now)
+            # a probe may have blocked for seconds: look again (log, exit) before judging a stall
+            now = self._clock()
+            self._read_log(now)
+            outcome = self._exited()
             if outcome is not None:
                 return outcome
 
@@ -172,9 +187,7 @@ class Watcher:
             if sample.gpu_active:
                 self.last_gpu = now
 
-            signs = [self.last_output, self.last_cpu, self.last_gpu or 0.0, self.last_reply or 0.0]
-            quiet_since = max(signs)
-            quiet = now - quiet_since
+            quiet = now - self._quiet_since()
             if quiet >= config.stall_timeout_s:
                 return self._hang(now, quiet)
 
@@ -200,9 +213,18 @@ class Watcher:
         if self._last_health is not None and now - self._last_health < self.config.health_interval_s:
             return None
         self._last_health = now
-        budget = self.config.startup_timeout_s - (now - self.started)
         while not self.probe.ready:
             step = self.probe.current
+            at = self._clock()
+            self._read_log(at)  # output written before this request counts from now, not from its end
+            # a request blocks the loop: it may use only what is left of the stall window and the startup
+            # timeout, so a server that never replies is judged when its stall is due, not 30 s later
+            budget = min(
+                self.config.startup_timeout_s - (at - self.started),
+                self.config.stall_timeout_s - (at - self._quiet_since()),
+            )
+            if budget <= 0:
+                return None  # the loop names the hang or the timeout now
             result = self.probe.step(budget_s=budget)
             if result is None:
                 break
@@ -233,10 +255,15 @@ class Watcher:
             silent.append("no GPU activity")
         if self.listening_at is not None:
             silent.append("no HTTP reply")
-        summary = (
-            f"hang in {self.tracker.phase}: {self.tracker.stalled_description()} "
-            f"({', '.join(silent)} for {quiet:.1f} s)"
-        )
+        if self.listening_at is not None:  # name the probe that is failing, not a generic "never answered"
+            passed = self.probe.passed_requests()
+            stalled = "the server listens" + (f" and {', '.join(passed)} passed" if passed else "")
+            stalled += f", but {self.probe.failing()}"
+        elif self.tracker.phase == ph.LISTENING:  # its log says so, the port does not accept
+            stalled = f"the log says it listens, but {self.probe.failing()}"
+        else:
+            stalled = self.tracker.stalled_description()
+        summary = f"hang in {self.tracker.phase}: {stalled} ({', '.join(silent)} for {quiet:.1f} s)"
         self.say(now, summary)
         return self._outcome(now, Verdict.HANG, summary, stalled_for_s=round(quiet, 2))
 
@@ -251,7 +278,7 @@ class Watcher:
             detail = self.probe.results[failing].detail if failing in self.probe.results else "no reply"
             summary = (
                 f"unhealthy in {self.tracker.phase}: listening after {self.listening_at - self.started:.1f} s, "
-                f"but {failing} kept failing until {elapsed:.1f} s (last: {detail[:120]})"
+                f"but {REQUESTS[failing]} kept failing until {elapsed:.1f} s (last: {detail[:120]})"
             )
             self.say(now, summary)
             return self._outcome(now, Verdict.UNHEALTHY, summary, busy=busy)
