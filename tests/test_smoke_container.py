@@ -13,6 +13,7 @@ import psutil
 import pytest
 from emulator.support import DEMO_SERVER, free_port
 
+from bwstack.errors import DockerError
 from verify.smoke import SmokeRequest, run_smoke
 from verify.smoke.launch import SMOKE_LABEL
 
@@ -91,3 +92,24 @@ def test_incident_in_a_container_is_a_hang_in_shards_loaded(
     assert (data["verdict"], data["phase"]) == ("hang", "shards-loaded")
     assert data["log_tail"][-1].startswith("Loading safetensors checkpoint shards: 100% Completed | 16/16")
     assert {p["state"] for p in data["processes"]} == {"S"} and len(data["processes"]) >= 4
+
+
+def test_a_container_the_engine_cannot_start_is_not_left_created(
+    demo_image: str, docker_client: Any, tmp_path: Path
+) -> None:
+    # a GPU no engine has: "could not select device driver" without the NVIDIA runtime, "unknown device"
+    # with it; either way the engine created the container and then failed to start it
+    port = free_port()
+    request = SmokeRequest(
+        command=("/srv/bwstack-demo/entrypoint.sh", "--port", str(port)),
+        image=demo_image,
+        port=port,
+        gpus="4711",
+        log_path=tmp_path / "server.log",
+    )
+    with pytest.raises(DockerError, match=f"cannot start a container from {demo_image}"):
+        run_smoke(request)
+    left = smoke_containers(docker_client, port)
+    for container in left:  # not for the next run to find
+        container.remove(force=True)
+    assert not left, f"left behind: {[(c.name, c.status) for c in left]}"

@@ -12,7 +12,7 @@ import pytest
 from emulator.support import free_port, processes_mentioning
 
 import recipes
-from bwstack.errors import SmokeError
+from bwstack.errors import DockerError, SmokeError
 from verify.smoke import SmokeRequest, run_smoke
 from verify.smoke.launch import ContainerServer, LaunchSpec
 from verify.smoke.request import resolve_command
@@ -127,9 +127,14 @@ class FakeContainers:
     def __init__(self) -> None:
         self.runs: list[tuple[str, dict[str, Any]]] = []
 
-    def run(self, image: str, **options: Any) -> Any:
+    def create(self, image: str, **options: Any) -> Any:
         self.runs.append((image, options))
         raise StopLaunch
+
+    def get(self, name: str) -> Any:
+        import docker.errors
+
+        raise docker.errors.NotFound(f"no container {name}")  # create failed before the engine made one
 
 
 class StopLaunch(Exception):
@@ -171,3 +176,34 @@ def test_container_options(tmp_path: Path, gpus: str, shm: str | None, expected_
     assert [{k: v for k, v in d.items() if k in e} for d, e in zip(devices, expected_devices, strict=True)] == (
         expected_devices
     )
+
+
+class FailingStart:
+    """A container the engine created but cannot start (no NVIDIA runtime for --gpus all)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self) -> None:
+        import docker.errors
+
+        self.calls.append("start")
+        raise docker.errors.APIError('could not select device driver "" with capabilities: [[gpu]]')
+
+    def remove(self, force: bool = False) -> None:
+        self.calls.append(f"remove force={force}")
+
+
+def test_a_container_that_fails_to_start_is_removed(tmp_path: Path) -> None:
+    container = FailingStart()
+    created: list[str] = []
+
+    def create(image: str, **options: Any) -> FailingStart:
+        created.append(image)
+        return container
+
+    client = SimpleNamespace(containers=SimpleNamespace(create=create))
+    spec = LaunchSpec(argv=(), log_path=tmp_path / "log", image="stack:tag", gpus="all", name="bwstack-smoke-t")
+    with pytest.raises(DockerError, match=r"cannot start a container from stack:tag: could not select device"):
+        ContainerServer.start(spec, client)
+    assert created == ["stack:tag"] and container.calls == ["start", "remove force=True"]

@@ -9,6 +9,7 @@ mounted read-only at the same path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -177,20 +178,29 @@ class ContainerServer:
             options["ipc_mode"] = "host"
         if spec.model_dir is not None:
             options["volumes"] = {str(spec.model_dir): {"bind": str(spec.model_dir), "mode": "ro"}}
+        # create, then start, as `docker run` does, but in two steps: a start that fails (no NVIDIA runtime for
+        # --gpus, a bad mount) leaves a container in state Created, and it must be removed like any other
         try:
-            container = client.containers.run(spec.image, **options)
+            container = _create(client, spec.image, options)
         except docker.errors.ImageNotFound:
             raise DockerError(
                 f"image {spec.image} is not here and could not be pulled", remedy="build it (invoke build) or pull it"
             ) from None
         except docker.errors.APIError as error:
-            raise DockerError(f"cannot start a container from {spec.image}: {error.explanation or error}") from None
+            raise DockerError(f"cannot create a container from {spec.image}: {error.explanation or error}") from None
+        except BaseException:
+            _remove_named(client, spec.name)  # interrupted while the engine was creating it
+            raise
         try:
+            container.start()
             pump = StreamPump(container.logs(stream=True, follow=True), spec.log_path.open("ab")).start()
             container.reload()
             return cls(container, spec, pump)
+        except docker.errors.APIError as error:
+            _remove(container)  # never leave a container behind a failed start
+            raise DockerError(f"cannot start a container from {spec.image}: {error.explanation or error}") from None
         except BaseException:
-            container.remove(force=True)  # never leave a container behind a failed start
+            _remove(container)
             raise
 
     def describe(self) -> str:
@@ -215,6 +225,32 @@ class ContainerServer:
         result = stop_container(self.container, self.tree, grace_s)
         self.pump.join(2.0)
         return result
+
+
+def _create(client: Any, image: str, options: dict[str, Any]) -> Any:
+    """Create (not start) a container; pull the image first when it is not here, as `docker run` does."""
+    import docker.errors
+
+    try:
+        return client.containers.create(image, **options)
+    except docker.errors.ImageNotFound:
+        client.images.pull(image)
+        return client.containers.create(image, **options)
+
+
+def _remove(container: Any) -> None:
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.remove(force=True)
+
+
+def _remove_named(client: Any, name: str) -> None:
+    """Remove the container called `name` if the engine made it (the names are unique to one run)."""
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        _remove(client.containers.get(name))
 
 
 def unique_name(port: int) -> str:
