@@ -11,7 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
-from emulator.support import DEMO_SERVER, free_port
+from emulator.support import DEMO_SERVER, free_port, sigterm_smoke_when
 
 from bwstack.errors import DockerError
 from verify.smoke import SmokeRequest, run_smoke
@@ -113,3 +113,20 @@ def test_a_container_the_engine_cannot_start_is_not_left_created(
     for container in left:  # not for the next run to find
         container.remove(force=True)
     assert not left, f"left behind: {[(c.name, c.status) for c in left]}"
+
+
+def test_sigterm_to_smoke_removes_the_container(demo_image: str, docker_client: Any, tmp_path: Path) -> None:
+    port = free_port()
+    args = [
+        "--command", f"/srv/bwstack-demo/entrypoint.sh --port {port}", "--image", demo_image, "--port", str(port),
+        "--gpus", "none", "--env", "DEMO_SCENARIO=incident", "--stall-timeout", "60", "--grace", "2",
+        "--log", str(tmp_path / "s.log"),
+    ]  # fmt: skip
+    try:
+        code, stderr = sigterm_smoke_when(args, "smoke: phase shards-loaded")
+        left = smoke_containers(docker_client, port)
+    finally:
+        for container in smoke_containers(docker_client, port):  # not for the next run to find
+            container.remove(force=True)
+    assert not left, f"left behind after SIGTERM: {[(c.name, c.status) for c in left]}"
+    assert code == 1 and "smoke: stopped: nothing left running" in stderr, stderr

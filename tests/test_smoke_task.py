@@ -11,7 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from emulator.support import emulator_command, free_port, processes_mentioning
+from emulator.support import emulator_command, free_port, processes_mentioning, sigterm_smoke_when
 
 REPO = Path(__file__).resolve().parent.parent
 REQUIRED = ("verdict", "phase", "elapsed_s", "listening_after_s", "ready_after_s", "diagnosis", "log_tail", "processes")
@@ -93,3 +93,21 @@ def test_an_unresolvable_host_exits_2_with_one_line() -> None:
     assert done.stderr.startswith("bwstack: error: --host 'no such host!!' does not resolve")
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not processes_mentioning("sleep 4711.875")
+
+
+def test_sigterm_to_smoke_stops_the_server_before_smoke_exits(tmp_path: Path) -> None:
+    # a CI job's timeout or systemctl stop: Python's default for SIGTERM skipped every `finally`, and the
+    # server's process group stayed behind
+    port = free_port()
+    command = shlex.join(emulator_command(port, "incident"))
+    args = ["--command", command, "--port", str(port), "--stall-timeout", "60", "--log", str(tmp_path / "s.log")]
+    try:
+        code, stderr = sigterm_smoke_when(args, "smoke: phase shards-loaded")
+        left = [p for p in processes_mentioning(f"--port {port}") if "sglang_emulator.py" in str(p.info["cmdline"])]
+    finally:
+        for process in processes_mentioning(f"--port {port}"):  # whatever a failed run left: not for the next
+            process.kill()
+    assert not left, f"left running after SIGTERM: {[p.pid for p in left]}"
+    assert code == 1, stderr  # invoke's exit for an interrupt: non-zero, and no report as if it had finished
+    assert "smoke: received SIGTERM: stopping the server before exiting" in stderr
+    assert "smoke: stopped: nothing left running" in stderr and "Traceback" not in stderr

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psutil
 
+REPO = Path(__file__).resolve().parents[2]
 EMULATOR = Path(__file__).resolve().parent / "sglang_emulator.py"
 DEMO_SERVER = Path(__file__).resolve().parents[2] / "images" / "demo" / "server"
 
@@ -35,3 +41,42 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def sigterm_smoke_when(args: list[str], marker: str, *, timeout_s: float = 30.0) -> tuple[int, str]:
+    """Run `invoke smoke ARGS`, send it SIGTERM once `marker` shows on its stderr, and wait for it to end:
+    its exit status and its stderr. The marker must come within `timeout_s`."""
+    smoke = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "smoke", *args],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert smoke.stderr is not None
+        for line in smoke.stderr:
+            lines.append(line)
+            if marker in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not seen.wait(0.05):
+            if smoke.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{marker!r} never came: {''.join(lines)}")
+        smoke.send_signal(signal.SIGTERM)
+        code = smoke.wait(timeout=timeout_s)
+    finally:
+        if smoke.poll() is None:
+            smoke.kill()
+            smoke.wait()
+    reader.join(5.0)
+    return code, "".join(lines)

@@ -7,11 +7,13 @@
 Modules: launch (process group / container), logfollow (incremental lines, '\\r' as a break, ranks),
 phases (each engine's vocabulary), probe (TCP, /health, /v1/models, completion), activity (CPU in the
 process tree, GPU via the gpu seam), watch (the verdict state machine), diagnose (evidence, py-spy,
-causes and remedies), cleanup (SIGTERM, SIGKILL, container removal), session (one run), reporting.
+causes and remedies), cleanup (SIGTERM, SIGKILL, container removal), interrupt (a SIGTERM to smoke
+stops the server first), session (one run), reporting.
 """
 
+from verify.smoke.interrupt import SmokeInterrupted
 from verify.smoke.request import SmokeRequest
 from verify.smoke.session import run_smoke
 from verify.smoke.watch import Verdict
 
-__all__ = ["SmokeRequest", "Verdict", "run_smoke"]
+__all__ = ["SmokeInterrupted", "SmokeRequest", "Verdict", "run_smoke"]

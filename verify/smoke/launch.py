@@ -113,7 +113,13 @@ class ProcessServer:
                 raise SmokeError(
                     f"cannot start {spec.argv[0]!r}: {error.strerror}", remedy="check --command or the recipe"
                 ) from None
-        return cls(popen, spec)
+        try:
+            return cls(popen, spec)
+        except BaseException:  # interrupted (SIGTERM) before the caller holds the server: stop it here
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            raise
 
     def describe(self) -> str:
         return f"pid {self.popen.pid} (process group {self.popen.pid})"

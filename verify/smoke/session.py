@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from verify.smoke import diagnose as dx
 from verify.smoke.activity import ActivityMonitor
 from verify.smoke.cleanup import CleanupResult
 from verify.smoke.gpu import GpuSampler, open_gpu_sampler
+from verify.smoke.interrupt import SmokeInterrupted, TerminationGuard
 from verify.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
 from verify.smoke.logfollow import FileFollower
 from verify.smoke.phases import PhaseTracker, vocabulary
@@ -142,7 +144,8 @@ def run_smoke(
     """Start the server, follow it to a verdict, diagnose, stop everything, and report.
 
     Raises SmokeError / DockerError / RecipeError (exit 2) when it cannot start at all: a busy port,
-    a bad command, an unreachable engine, a missing model folder or recipe.
+    a bad command, an unreachable engine, a missing model folder or recipe. A SIGTERM during the run
+    stops the server and then raises SmokeInterrupted (a KeyboardInterrupt: invoke exits 1).
     """
     say = _stamped(progress)
     command = resolve_command(request)
@@ -165,44 +168,51 @@ def run_smoke(
         completion_timeout_s=min(30.0, max(0.5, request.stall_timeout_s)),
     )
     cleanup: CleanupResult | None = None
-    try:
-        server = _launch(request, command, log_path, _gpus(request, sampler), client)
-        tracker = PhaseTracker(vocab)
-        follower = FileFollower(log_path)
+    # SIGTERM (a CI job's timeout, systemctl stop) raises SmokeInterrupted from here on, so the `finally`
+    # below stops the server; Python's default would end smoke at once and leave the server running
+    with TerminationGuard() as guard:
         try:
-            watcher = Watcher(
-                server,
-                follower,
-                tracker,
-                ActivityMonitor(server.tree, sampler),
-                probe,
-                WatchConfig(request.startup_timeout_s, request.stall_timeout_s, poll_s=request.poll_s),
-                progress=say,
+            server = _launch(request, command, log_path, _gpus(request, sampler), client)
+            tracker = PhaseTracker(vocab)
+            follower = FileFollower(log_path)
+            try:
+                watcher = Watcher(
+                    server,
+                    follower,
+                    tracker,
+                    ActivityMonitor(server.tree, sampler),
+                    probe,
+                    WatchConfig(request.startup_timeout_s, request.stall_timeout_s, poll_s=request.poll_s),
+                    progress=say,
+                )
+                outcome = watcher.run()
+                diagnosis = _diagnose(outcome, server, tracker, probe, sampler, say)
+            except SmokeInterrupted as interrupted:
+                say(f"received {signal.Signals(interrupted.signum).name}: stopping the server before exiting")
+                raise
+            finally:
+                with guard.deferred():  # a SIGTERM now waits until the server is stopped
+                    say(f"stopping {server.describe()}")
+                    cleanup = server.stop(request.grace_s)
+                    say(
+                        "stopped: nothing left running"
+                        if cleanup.clean
+                        else f"stopped, but still running: {cleanup.left_running or 'the container'}"
+                    )
+            follower.read_all_new()
+            return build_report(
+                request=request,
+                command=command,
+                server=server,
+                outcome=outcome,
+                diagnosis=diagnosis,
+                cleanup=cleanup,
+                probe=probe,
+                log_tail=follower.tail(),
             )
-            outcome = watcher.run()
-            diagnosis = _diagnose(outcome, server, tracker, probe, sampler, say)
         finally:
-            say(f"stopping {server.describe()}")
-            cleanup = server.stop(request.grace_s)
-            say(
-                "stopped: nothing left running"
-                if cleanup.clean
-                else f"stopped, but still running: {cleanup.left_running or 'the container'}"
-            )
-        follower.read_all_new()
-        return build_report(
-            request=request,
-            command=command,
-            server=server,
-            outcome=outcome,
-            diagnosis=diagnosis,
-            cleanup=cleanup,
-            probe=probe,
-            log_tail=follower.tail(),
-        )
-    finally:
-        probe.close()
-        if client is not None:
-            client.close()
-        if gpu is None:
-            sampler.close()  # only what this run opened
+            probe.close()
+            if client is not None:
+                client.close()
+            if gpu is None:
+                sampler.close()  # only what this run opened
