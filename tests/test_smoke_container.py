@@ -59,6 +59,7 @@ def run(image: str, scenario: str, client: Any, tmp_path: Path) -> dict[str, Any
         startup_timeout_s=15,
         stall_timeout_s=1.5,
         grace_s=2,
+        log_path=tmp_path / "server.log",  # not a new folder under the temp folder, kept after the test
     )
     data = run_smoke(request).to_dict()
     assert f"(bwstack-smoke-{port}-" in data["checks"][1]["finding"]  # the name smoke_containers looks for

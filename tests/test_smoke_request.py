@@ -95,7 +95,9 @@ def test_the_sglang_recipe_runs_sglang_and_a_missing_sglang_is_a_crash_with_its_
     if subprocess.run(["python3", "-c", "import sglang"], capture_output=True).returncode == 0:
         pytest.skip("sglang is installed here: the recipe would really start it")
     port = free_port()
-    request = SmokeRequest(model=tmp_path, recipe="sglang", port=port, stall_timeout_s=5, startup_timeout_s=20)
+    request = SmokeRequest(
+        model=tmp_path, recipe="sglang", port=port, stall_timeout_s=5, startup_timeout_s=20, log_path=tmp_path / "s.log"
+    )
     expected = recipes.load_recipe("sglang").serve_command(str(tmp_path), host="127.0.0.1", port=port)
     data = run_smoke(request).to_dict()
     assert data["command"] == expected and "--model-path" in expected and str(port) in expected

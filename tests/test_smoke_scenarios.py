@@ -30,11 +30,19 @@ def port() -> Iterator[int]:
     assert not left, f"left running: {[p.pid for p in left]}"
 
 
-def smoke(command: tuple[str, ...], port: int, *, startup: float = 10.0, stall: float = STALL, **kw: Any):
+def smoke(command: tuple[str, ...], port: int, logs: Path, *, startup: float = 10.0, stall: float = STALL, **kw: Any):
+    """One run; its server log under `logs` (the test's tmp_path): the default, a new folder under the temp
+    folder that is kept for people to read, would pile up with every test run."""
     lines: list[str] = []
     gpu = kw.pop("gpu", None)
     request = SmokeRequest(
-        command=command, port=port, startup_timeout_s=startup, stall_timeout_s=stall, grace_s=2.0, **kw
+        command=command,
+        port=port,
+        startup_timeout_s=startup,
+        stall_timeout_s=stall,
+        grace_s=2.0,
+        log_path=logs / "server.log",
+        **kw,
     )
     report = run_smoke(request, progress=lines.append, gpu=gpu)
     data = report.to_dict()
@@ -55,8 +63,8 @@ def checks(report) -> dict[str, Status]:
     return {c.name: c.status for c in report.checks}
 
 
-def test_healthy_start_is_ready_with_every_probe_passed(port: int) -> None:
-    report, data, lines = smoke(emulator_command(port, "healthy", "--warmup-s", "1.0"), port)
+def test_healthy_start_is_ready_with_every_probe_passed(port: int, tmp_path: Path) -> None:
+    report, data, lines = smoke(emulator_command(port, "healthy", "--warmup-s", "1.0"), port, tmp_path)
     assert (data["verdict"], data["phase"]) == ("ready", "ready")
     assert report.exit_code == 0
     assert 0 < data["listening_after_s"] <= data["ready_after_s"] <= data["elapsed_s"]
@@ -81,8 +89,8 @@ def test_healthy_start_is_ready_with_every_probe_passed(port: int) -> None:
     assert len([p for p in data["processes"] if p["python"]]) == 3  # main + two ranks
 
 
-def test_incident_is_a_hang_in_shards_loaded_named_within_stall_timeout(port: int) -> None:
-    report, data, lines = smoke(emulator_command(port, "incident"), port)
+def test_incident_is_a_hang_in_shards_loaded_named_within_stall_timeout(port: int, tmp_path: Path) -> None:
+    report, data, lines = smoke(emulator_command(port, "incident"), port, tmp_path)
     last_output = Path(data["log_path"]).stat().st_mtime
     assert (data["verdict"], data["phase"]) == ("hang", "shards-loaded")
     assert data["summary"].startswith("hang in shards-loaded: checkpoint fully read, weights never finished")
@@ -105,8 +113,8 @@ def test_incident_is_a_hang_in_shards_loaded_named_within_stall_timeout(port: in
     assert any(line.endswith(data["summary"]) for line in lines)
 
 
-def test_crash_with_no_kernel_image_names_the_signature_and_invoke_verify(port: int) -> None:
-    report, data, _ = smoke(emulator_command(port, "crash-no-kernel-image"), port)
+def test_crash_with_no_kernel_image_names_the_signature_and_invoke_verify(port: int, tmp_path: Path) -> None:
+    report, data, _ = smoke(emulator_command(port, "crash-no-kernel-image"), port, tmp_path)
     assert (data["verdict"], data["phase"]) == ("crash", "cuda-graph")
     assert data["exit"]["code"] == 1
     signatures = data["diagnosis"]["signatures"]
@@ -117,26 +125,26 @@ def test_crash_with_no_kernel_image_names_the_signature_and_invoke_verify(port: 
     assert any("no kernel image is available" in line for line in data["log_tail"])
 
 
-def test_slow_but_steady_start_is_not_a_hang(port: int) -> None:
+def test_slow_but_steady_start_is_not_a_hang(port: int, tmp_path: Path) -> None:
     # 5 shards at 0.45 s (2.25 s of loading) and a 2 s silent-but-busy capture: each longer than the stall timeout
     command = emulator_command(port, "slow-progress", "--shards", "5", "--shard-s", "0.45", "--busy-s", "2.0")
-    _, data, _ = smoke(command, port, startup=15.0)
+    _, data, _ = smoke(command, port, tmp_path, startup=15.0)
     assert (data["verdict"], data["phase"]) == ("ready", "ready")
     history = {h["phase"]: h["at_s"] for h in data["phase_history"]}
     assert history["weights-loaded"] - history["loading-weights"] > STALL
     assert history["http-startup"] - history["cuda-graph"] > STALL
 
 
-def test_busy_silent_start_ends_as_timeout_not_hang(port: int) -> None:
-    _, data, _ = smoke(emulator_command(port, "busy-silent"), port, startup=3.5)
+def test_busy_silent_start_ends_as_timeout_not_hang(port: int, tmp_path: Path) -> None:
+    _, data, _ = smoke(emulator_command(port, "busy-silent"), port, tmp_path, startup=3.5)
     assert (data["verdict"], data["phase"]) == ("timeout", "loading-weights")
     assert "still working (CPU" in data["summary"]
     assert any(p["state"] == "R" for p in data["processes"])
     assert data["diagnosis"]["likely_causes"][0]["try"] == ["raise --startup-timeout"]
 
 
-def test_health_503_forever_is_unhealthy(port: int) -> None:
-    report, data, _ = smoke(emulator_command(port, "health-503"), port, startup=3.5)
+def test_health_503_forever_is_unhealthy(port: int, tmp_path: Path) -> None:
+    report, data, _ = smoke(emulator_command(port, "health-503"), port, tmp_path, startup=3.5)
     assert (data["verdict"], data["phase"]) == ("unhealthy", "listening")
     assert data["listening_after_s"] is not None and data["ready_after_s"] is None
     assert checks(report)["health"] is Status.FAIL and checks(report)["models"] is Status.SKIP
@@ -144,10 +152,10 @@ def test_health_503_forever_is_unhealthy(port: int) -> None:
     assert "but GET /health kept failing until" in data["summary"]  # the failing probe, by its request
 
 
-def test_a_completion_that_never_returns_is_a_hang_named_within_the_stall_timeout(port: int) -> None:
+def test_a_completion_that_never_returns_is_a_hang_named_within_the_stall_timeout(port: int, tmp_path: Path) -> None:
     # /health and /v1/models answer, the completion request sleeps forever: the request used to block the
     # watch loop for 30 s (twice), and the finding said "/health never answered"
-    report, data, _ = smoke(emulator_command(port, "completion-never-returns"), port, startup=30.0)
+    report, data, _ = smoke(emulator_command(port, "completion-never-returns"), port, tmp_path, startup=30.0)
     last_output = Path(data["log_path"]).stat().st_mtime  # the access-log line of the /v1/models reply
     assert (data["verdict"], data["phase"]) == ("hang", "listening")
     assert STALL <= data["verdict_at"] - last_output <= STALL + 2
@@ -162,11 +170,11 @@ def test_a_completion_that_never_returns_is_a_hang_named_within_the_stall_timeou
     assert "completion probe fails" in data["diagnosis"]["likely_causes"][0]["cause"]
 
 
-def test_a_log_that_says_listening_on_a_port_that_never_accepts_names_the_tcp_probe() -> None:
+def test_a_log_that_says_listening_on_a_port_that_never_accepts_names_the_tcp_probe(tmp_path: Path) -> None:
     port = free_port()
     marker = f"{time.time_ns() % 10_000_000 + 5_000_000}"
     said = f"INFO:     Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)"
-    _, data, _ = smoke(("sh", "-c", f"echo '{said}'; exec sleep {marker}"), port)
+    _, data, _ = smoke(("sh", "-c", f"echo '{said}'; exec sleep {marker}"), port, tmp_path)
     assert (data["verdict"], data["phase"]) == ("hang", "listening")
     assert data["summary"].startswith(
         f"hang in listening: the log says it listens, but a TCP connection to 127.0.0.1:{port} was never accepted"
@@ -174,21 +182,23 @@ def test_a_log_that_says_listening_on_a_port_that_never_accepts_names_the_tcp_pr
     assert not processes_mentioning(f"sleep {marker}")
 
 
-def test_a_completion_without_choices_is_unhealthy(port: int) -> None:
-    report, data, _ = smoke(emulator_command(port, "bad-completion"), port, startup=3.0)
+def test_a_completion_without_choices_is_unhealthy(port: int, tmp_path: Path) -> None:
+    report, data, _ = smoke(emulator_command(port, "bad-completion"), port, tmp_path, startup=3.0)
     assert (data["verdict"], data["phase"]) == ("unhealthy", "listening")
     assert checks(report)["health"] is Status.PASS and checks(report)["completion"] is Status.FAIL
     assert "reply has no choices" in data["probes"]["completion"]["detail"]
 
 
-def test_exit_at_once_is_a_crash_in_launching(port: int) -> None:
-    _, data, _ = smoke(emulator_command(port, "exit-at-once"), port)
+def test_exit_at_once_is_a_crash_in_launching(port: int, tmp_path: Path) -> None:
+    _, data, _ = smoke(emulator_command(port, "exit-at-once"), port, tmp_path)
     assert (data["verdict"], data["phase"]) == ("crash", "launching")
     assert data["exit"]["code"] == 2 and data["elapsed_s"] < 3
     assert "invalid int value" in data["log_tail"][-1]
 
 
-def test_gpu_activity_through_the_nvml_seam_keeps_a_silent_server_from_being_called_hung(port: int) -> None:
+def test_gpu_activity_through_the_nvml_seam_keeps_a_silent_server_from_being_called_hung(
+    port: int, tmp_path: Path
+) -> None:
     class BusyGpu:
         available = True
         reason = ""
@@ -199,24 +209,24 @@ def test_gpu_activity_through_the_nvml_seam_keeps_a_silent_server_from_being_cal
         def close(self) -> None:
             return None
 
-    _, data, _ = smoke(emulator_command(port, "incident"), port, startup=4.0, gpu=BusyGpu())
+    _, data, _ = smoke(emulator_command(port, "incident"), port, tmp_path, startup=4.0, gpu=BusyGpu())
     assert (data["verdict"], data["phase"]) == ("timeout", "shards-loaded")
     assert "GPU" in data["summary"]
     assert data["diagnosis"]["gpu"]["gpus"][0]["util_percent"] == 97
 
 
-def test_a_server_silent_from_the_start_hangs_in_launching_and_a_setsid_child_is_still_stopped() -> None:
+def test_a_server_silent_from_the_start_hangs_in_launching_and_a_setsid_child_is_still_stopped(tmp_path: Path) -> None:
     port = free_port()
     marker = f"{time.time_ns() % 10_000_000 + 7_000_000}"  # a unique sleep length to find stragglers by
     command = ("sh", "-c", f"setsid sleep {marker} & exec sleep {marker}")
-    _, data, _ = smoke(command, port)
+    _, data, _ = smoke(command, port, tmp_path)
     assert (data["verdict"], data["phase"]) == ("hang", "launching")
     assert len(data["processes"]) == 2
     assert data["diagnosis"]["py_spy"]["note"] == "no Python process in the tree"
     assert not processes_mentioning(f"sleep {marker}")
 
 
-def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period() -> None:
+def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
     port = free_port()
     marker = f"{time.time_ns() % 10_000_000 + 3_000_000}"
     command = (
@@ -224,7 +234,9 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period() -> Non
         "-c",
         f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep({marker})",
     )
-    request = SmokeRequest(command=command, port=port, startup_timeout_s=5, stall_timeout_s=1.0, grace_s=0.5)
+    request = SmokeRequest(
+        command=command, port=port, startup_timeout_s=5, stall_timeout_s=1.0, grace_s=0.5, log_path=tmp_path / "s.log"
+    )
     data = run_smoke(request).to_dict()
     assert data["verdict"] == "hang"
     assert data["cleanup"]["killed"] and data["cleanup"]["clean"]
@@ -242,10 +254,10 @@ def test_env_reaches_the_server(tmp_path: Path) -> None:
     assert log.read_text() == "NCCL_P2P_DISABLE=1\n" and data["log_path"] == str(log)
 
 
-def test_a_port_that_accepts_but_never_answers_is_a_hang_in_listening() -> None:
+def test_a_port_that_accepts_but_never_answers_is_a_hang_in_listening(tmp_path: Path) -> None:
     port = free_port()
     server = f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
-    _, data, _ = smoke((sys.executable, "-c", server), port)
+    _, data, _ = smoke((sys.executable, "-c", server), port, tmp_path)
     assert (data["verdict"], data["phase"]) == ("hang", "listening")
     assert "no HTTP reply" in data["summary"] and data["probes"]["health"]["detail"].startswith("no reply within")
     assert data["elapsed_s"] <= data["listening_after_s"] + STALL + 2

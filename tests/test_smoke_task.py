@@ -54,7 +54,7 @@ def test_a_hang_exits_1_with_its_report(tmp_path: Path) -> None:
     command = shlex.join(emulator_command(port, "incident"))
     done = invoke_smoke(
         "--command", command, "--port", str(port), "--stall-timeout", "1.5", "--json", str(tmp_path / "r.json"),
-        "--junit", str(tmp_path / "r.xml"),
+        "--junit", str(tmp_path / "r.xml"), "--log", str(tmp_path / "s.log"),
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     report = json.loads((tmp_path / "r.json").read_text())
