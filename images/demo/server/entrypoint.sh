@@ -39,18 +39,28 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 DEMO_STATE=${TMPDIR:-/tmp}/bwstack-demo-$$
 mkdir -p "$DEMO_STATE"
+# the state folder goes with the server, however it ends (SIGTERM's trap below exits through this one);
+# background rank subshells do not inherit an EXIT trap, so a rank that finishes leaves it in place
+trap 'rm -rf "$DEMO_STATE"' EXIT
 echo starting >"$DEMO_STATE/health"
 export DEMO_STATE MODEL_PATH
 
 stamp() { date '+%Y-%m-%d %H:%M:%S'; }
 say() { printf '[%s] %s\n' "$(stamp)" "$*" >&2; }
 rank_say() { r=$1; shift; printf '[%s TP%s] %s\n' "$(stamp)" "$r" "$*" >&2; }
-forever() { while :; do sleep 3600 & wait $!; done; }
+# asleep, but woken by a signal: a foreground sleep would hold a trap back for an hour
+sleeper=""
+forever() { while :; do sleep 3600 & sleeper=$!; wait "$sleeper"; done; }
 
-trap 'kill $(jobs -p) 2>/dev/null; exit 143' TERM INT
+# SIGTERM to the server alone (not to its process group, as smoke sends it): stop the ranks, nc and the
+# sleep by their pids (`$(jobs -p)` runs in a subshell, which has no jobs), then leave through the EXIT trap
+pids=""
+nc_pid=""
+trap 'kill $pids $nc_pid $sleeper 2>/dev/null; exit 143' TERM INT
 
 rank() {
   r=$1
+  trap 'kill $sleeper 2>/dev/null; exit 143' TERM INT  # this rank's own sleep goes with it
   rank_say "$r" "Init torch distributed begin."
   sleep "$STEP_S"
   rank_say "$r" "Init torch distributed ends. mem usage=0.41 GB"
@@ -79,7 +89,6 @@ rank() {
 }
 
 say "server_args=ServerArgs(model_path='$MODEL_PATH', tp_size=$TP, host='$HOST', port=$PORT, speculative_algorithm=None)"
-pids=""
 r=0
 while [ "$r" -lt "$TP" ]; do
   rank "$r" &
@@ -97,6 +106,7 @@ done
 printf 'INFO:     Started server process [%s]\nINFO:     Waiting for application startup.\n' $$ >&2
 printf 'INFO:     Application startup complete.\n' >&2
 nc -ll -p "$PORT" -e "$here/handler.sh" &
+nc_pid=$!
 sleep 0.1
 printf 'INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)\n' "$HOST" "$PORT" >&2
 sleep "$WARMUP_S"
