@@ -9,6 +9,7 @@ at the top level beside `ok` and `checks` so CI can read e.g. `report["targets"]
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -27,6 +28,17 @@ class Status(StrEnum):
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
+
+
+# Characters XML 1.0 cannot carry, even escaped (C0 controls other than tab, newline, carriage return).
+_NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _text(value: str) -> str:
+    """Text safe to print or write as UTF-8 and XML: a finding may quote a broken file's bytes (a lone
+    surrogate from invalid UTF-8, a NUL), which would otherwise crash the report at the last step."""
+    clean = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", clean)
 
 
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
@@ -102,23 +114,23 @@ class Report:
         """JUnit XML: one testsuite per report, one testcase per check."""
         suite = ET.Element(
             "testsuite",
-            name=f"bwstack.{self.kind}",
+            name=_text(f"bwstack.{self.kind}"),
             tests=str(len(self.checks)),
             failures=str(len(self.failures())),
             skipped=str(sum(c.status is Status.SKIP for c in self.checks)),
             errors="0",
         )
         for check in self.checks:
-            case = ET.SubElement(suite, "testcase", classname=f"bwstack.{self.kind}", name=check.name)
-            body = json.dumps({"evidence": check.evidence, "remedy": check.remedy}, default=str)
+            case = ET.SubElement(suite, "testcase", classname=_text(f"bwstack.{self.kind}"), name=_text(check.name))
+            body = json.dumps({"evidence": check.evidence, "remedy": check.remedy}, default=str)  # ASCII-escaped
             if check.status is Status.FAIL:
-                failure = ET.SubElement(case, "failure", message=check.finding)
+                failure = ET.SubElement(case, "failure", message=_text(check.finding))
                 failure.text = body
             elif check.status is Status.SKIP:
-                ET.SubElement(case, "skipped", message=check.finding)
+                ET.SubElement(case, "skipped", message=_text(check.finding))
             else:
                 out = ET.SubElement(case, "system-out")
-                out.text = f"{check.status}: {check.finding}"
+                out.text = _text(f"{check.status}: {check.finding}")
         ET.indent(suite)
         return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
@@ -139,15 +151,17 @@ class Report:
     def print_table(self, console: Console | None = None) -> None:
         console = console or Console()
         verdict = "[green]PASS[/green]" if self.ok else "[bold red]FAIL[/bold red]"
-        table = Table(title=f"bwstack {self.kind}: {escape(self.subject)} {verdict}", show_lines=False, expand=False)
+        table = Table(
+            title=f"bwstack {self.kind}: {escape(_text(self.subject))} {verdict}", show_lines=False, expand=False
+        )
         table.add_column("check", no_wrap=True)
         table.add_column("status", no_wrap=True)
         table.add_column("finding")
         for check in self.checks:
             style = _STATUS_STYLE[check.status]
             # Findings quote file, tensor and log text: escape it, or "[/b]" in a name is read as markup.
-            finding = escape(check.finding)
+            finding = escape(_text(check.finding))
             if check.remedy and check.status in (Status.FAIL, Status.WARN):
-                finding += f"\n[cyan]remedy:[/cyan] {escape(check.remedy)}"
-            table.add_row(escape(check.name), f"[{style}]{check.status}[/{style}]", finding)
+                finding += f"\n[cyan]remedy:[/cyan] {escape(_text(check.remedy))}"
+            table.add_row(escape(_text(check.name)), f"[{style}]{check.status}[/{style}]", finding)
         console.print(table)

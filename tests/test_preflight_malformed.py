@@ -47,9 +47,10 @@ def write_checkpoint(root: Path, *, config: Any = None, index: Any = None, heade
     config = KIMI_K25_CONFIG if config is None else config
     index = {"metadata": {"total_size": 8}, "weight_map": WEIGHT_MAP} if index is None else index
     header_raw = _raw(HEADER if header is None else header)
-    header_bytes = header_raw.encode() if isinstance(header_raw, str) else header_raw
+    # surrogatepass: a fuzzed lone surrogate becomes the invalid UTF-8 bytes a broken file would hold
+    header_bytes = header_raw.encode("utf-8", "surrogatepass") if isinstance(header_raw, str) else header_raw
     for name, text in (("config.json", _raw(config)), (INDEX, _raw(index))):
-        (root / name).write_bytes(text.encode() if isinstance(text, str) else text)
+        (root / name).write_bytes(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
     (root / SHARD).write_bytes(struct.pack("<Q", len(header_bytes)) + header_bytes + b"\0" * 8)
     return root
 

@@ -63,3 +63,15 @@ def test_unwritable_report_path_is_a_report_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(ReportError, match="cannot write the report to"):
         sample().write(json_path=blocker / "r.json")
+
+
+def test_findings_quoting_broken_bytes_still_write_and_print(tmp_path: Path) -> None:
+    """A lone surrogate (from invalid UTF-8) or a NUL in a finding must not crash the last step."""
+    report = Report("preflight", "node")
+    report.add(Check("model.config", Status.FAIL, "num_bits is '\ud800' in \x00config.json", remedy="fix \ud800"))
+    report.write(json_path=tmp_path / "r.json", junit_path=tmp_path / "r.xml")
+    suite = ET.parse(tmp_path / "r.xml").getroot()  # well-formed XML
+    assert "\\ud800" in suite.find("testcase/failure").get("message")
+    assert json.loads((tmp_path / "r.json").read_text())["checks"][0]["status"] == "fail"
+    buffer = io.BytesIO()
+    report.print_table(Console(file=io.TextIOWrapper(buffer, encoding="utf-8"), width=200, force_terminal=False))
