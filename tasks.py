@@ -4,6 +4,7 @@ report and exits 0 (pass), 1 (a check failed) or 2 (bad input or infrastructure)
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,11 @@ def guarded(body: Callable[..., Any]) -> Callable[..., Any]:
         except BwstackError as error:
             print(f"bwstack: error: {error.one_line()}", file=sys.stderr)
             raise Exit(code=2) from None
+        except KeyboardInterrupt as interrupt:
+            # The shell convention, 128 + signal: smoke turns SIGTERM into an interrupt that carries it.
+            signum = int(getattr(interrupt, "signum", signal.SIGINT))
+            print(f"bwstack: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+            raise Exit(code=128 + signum) from None
 
     return wrapper
 

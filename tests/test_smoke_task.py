@@ -108,6 +108,7 @@ def test_sigterm_to_smoke_stops_the_server_before_smoke_exits(tmp_path: Path) ->
         for process in processes_mentioning(f"--port {port}"):  # whatever a failed run left: not for the next
             process.kill()
     assert not left, f"left running after SIGTERM: {[p.pid for p in left]}"
-    assert code == 1, stderr  # invoke's exit for an interrupt: non-zero, and no report as if it had finished
+    assert code == 143, stderr  # 128 + SIGTERM, and no report as if it had finished
+    assert "bwstack: interrupted by SIGTERM" in stderr
     assert "smoke: received SIGTERM: stopping the server before exiting" in stderr
     assert "smoke: stopped: nothing left running" in stderr and "Traceback" not in stderr
