@@ -39,21 +39,39 @@ def _parse_errors_exit_2() -> None:
 _parse_errors_exit_2()
 
 
+class TaskInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached a running task. Raised like Ctrl-C so every `finally` and context manager
+    runs (probe children killed, the verify container removed, temp folders deleted) before exit."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"received {signal.Signals(signum).name}")
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise TaskInterrupted(signum)
+
+
 def guarded(body: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a BwstackError into one line on stderr and exit 2: never a traceback for bad input."""
+    """Turn a BwstackError into one line on stderr and exit 2: never a traceback for bad input. While the
+    task runs, SIGTERM and SIGHUP unwind it like Ctrl-C (Python's default would skip all clean-up)."""
 
     @functools.wraps(body)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             return body(*args, **kwargs)
         except BwstackError as error:
             print(f"bwstack: error: {error.one_line()}", file=sys.stderr)
             raise Exit(code=2) from None
         except KeyboardInterrupt as interrupt:
-            # The shell convention, 128 + signal: smoke turns SIGTERM into an interrupt that carries it.
+            # The shell convention, 128 + signal; a signal's interrupt carries its number, Ctrl-C does not.
             signum = int(getattr(interrupt, "signum", signal.SIGINT))
             print(f"bwstack: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
             raise Exit(code=128 + signum) from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     return wrapper
 

@@ -302,26 +302,55 @@ def test_stdlib_extensions_imported_on_the_way_are_not_the_loaders_pick(tmp_path
     assert result.selected == "sgl_kernel/sm100/common_ops.abi3.so"
 
 
-def test_a_loader_that_forks_neither_stalls_the_probe_nor_leaves_a_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("escape", ["", "os.setsid()"], ids=["same-session", "own-session"])
+def test_a_loader_that_forks_neither_stalls_the_probe_nor_leaves_a_process(tmp_path: Path, escape: str) -> None:
     root = copy_package(tmp_path)
     init = root / "sgl_kernel" / "__init__.py"
     marker = tmp_path / "forked.pid"
     init.write_text(
         "import os, time\n"
-        "if os.fork() == 0:\n"
-        f"    open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        f"    {escape or 'pass'}\n"
         "    time.sleep(60)\n"
-        "    os._exit(0)\n" + init.read_text()
+        "    os._exit(0)\n"
+        f"open({str(marker)!r}, 'w').write(str(child))\n" + init.read_text()
     )
     started = time.monotonic()
     result = probe_loader(root, "sgl_kernel", (12, 0), timeout=20)
     assert time.monotonic() - started < 10  # did not wait for the child's pipes or its sleep
     assert result.selected == "sgl_kernel/sm100/common_ops.abi3.so"
-    pid = int(marker.read_text())
+    pid = int(marker.read_text())  # written by the parent: the child cannot have been killed before it
     deadline = time.monotonic() + 5
     while _running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(pid), f"forked probe child {pid} is still running"
+
+
+def test_sigterm_to_verify_stops_a_hung_loader_and_cleans_up(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    root = copy_package(tmp_path)
+    marker = tmp_path / "loader.pid"
+    (root / "sgl_kernel" / "__init__.py").write_text(
+        f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+    )
+    command = [sys.executable, "-m", "invoke", "verify", "--arch", "sm120", "--path", str(root), "--timeout", "50"]
+    task = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    loader = int(marker.read_text())
+    task.send_signal(signal.SIGTERM)
+    _out, err = task.communicate(timeout=20)
+    assert task.returncode == 143, err
+    assert "bwstack: interrupted by SIGTERM" in err
+    deadline = time.monotonic() + 5
+    while _running(loader) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(loader), "the hung loader outlived verify"
 
 
 def _running(pid: int) -> bool:

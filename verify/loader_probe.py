@@ -21,18 +21,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bwstack.errors import LoaderProbeError
 from recipes.archs import CC
 
 RESULT_MARKER = "BWSTACK-PROBE-RESULT "
+PROBE_TOKEN = "BWSTACK_PROBE_TOKEN"  # marks every process a probe starts, even one that leaves the session
 
 _STAND_IN_TORCH = '''\
 """Stand-in torch for bwstack's loader probe: reports one GPU of the CC in BWSTACK_PROBE_CC."""
@@ -206,64 +212,106 @@ class LoaderResult:
         }
 
 
-def probe_loader(package_root: Path, import_name: str, cc: CC | None, *, timeout: float = 30.0) -> LoaderResult:
-    """Import `import_name` from `package_root` as if on a GPU of compute capability `cc` (None: no GPU)."""
-    package_root = package_root.resolve()
-    if not (package_root / import_name).is_dir():
-        raise LoaderProbeError(f"{package_root}: no package {import_name!r} to probe")
-    with tempfile.TemporaryDirectory(prefix="bwstack-probe-") as scratch:
-        stand_ins = Path(scratch) / "stand-ins"
+class RunningProbe:
+    """One probe child, started now and judged later, so several run while the caller does other work.
+
+    The caller must close() it (a `with` block does): that kills the child's process group and anything it
+    forked that left the group, and deletes the scratch folder, whether the probe finished, timed out or
+    the caller was interrupted.
+    """
+
+    def __init__(self, package_root: Path, import_name: str, cc: CC | None, *, timeout: float) -> None:
+        self.package_root = package_root.resolve()
+        self.import_name = import_name
+        self.cc = cc
+        self.timeout = timeout
+        if not (self.package_root / import_name).is_dir():
+            raise LoaderProbeError(f"{self.package_root}: no package {import_name!r} to probe")
+        self.token = uuid.uuid4().hex
+        self.scratch = Path(tempfile.mkdtemp(prefix="bwstack-probe-"))
+        stand_ins = self.scratch / "stand-ins"
         (stand_ins / "torch").mkdir(parents=True)
         (stand_ins / "torch" / "__init__.py").write_text(_STAND_IN_TORCH)
-        script = Path(scratch) / "probe.py"
+        script = self.scratch / "probe.py"
         script.write_text(
             # sys.path: the stand-ins first, then the package root, then the stdlib; nothing else.
-            f"import sys\nsys.path[:0] = [{str(stand_ins)!r}, {str(package_root)!r}]\n" + _PROBE
+            f"import sys\nsys.path[:0] = [{str(stand_ins)!r}, {str(self.package_root)!r}]\n" + _PROBE
         )
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "BWSTACK_PROBE_CC": f"{cc[0]}.{cc[1]}" if cc else "none",
+            PROBE_TOKEN: self.token,
         }
         # -B: never write __pycache__ into the folder being verified (-I ignores PYTHONDONTWRITEBYTECODE).
-        command = [sys.executable, "-I", "-S", "-B", str(script), RESULT_MARKER, import_name, str(package_root)]
+        command = [sys.executable, "-I", "-S", "-B", str(script), RESULT_MARKER, import_name, str(self.package_root)]
         # Its own session, so a loader that forks leaves nothing behind: the whole group is killed. Output
         # goes to files, not pipes, so a forked child that keeps them open cannot stall the wait.
-        out_path, err_path = Path(scratch) / "stdout", Path(scratch) / "stderr"
-        with out_path.open("w") as out, err_path.open("w") as err:
-            child = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=scratch, start_new_session=True)
-            try:
-                child.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise LoaderProbeError(
-                    f"{package_root / import_name}: importing the package for CC {_cc_text(cc)} did not finish "
-                    f"in {timeout:g} s; its loader hangs",
-                    remedy="run `python -X importtime -c 'import " + import_name + "'` to see where",
-                ) from None
-            finally:
-                _kill_group(child)
-                child.wait()
-        stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARKER)]
-    if not lines:
-        tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
-        raise LoaderProbeError(
-            f"{package_root / import_name}: loader probe for CC {_cc_text(cc)} exited {child.returncode} "
-            f"without a result: {tail}"
-        )
-    raw = json.loads(lines[-1][len(RESULT_MARKER) :])
-    return LoaderResult(
-        cc=cc,
-        selected=_relative(raw["selected"], package_root),
-        attempts=tuple(
-            LoaderAttempt(
-                a["how"],
-                _relative(a.get("path"), package_root) or (f"import {a['name']}" if a.get("name") else None),
-                a.get("exists"),
+        with (self.scratch / "stdout").open("w") as out, (self.scratch / "stderr").open("w") as err:
+            self.child = subprocess.Popen(
+                command, stdout=out, stderr=err, env=env, cwd=self.scratch, start_new_session=True
             )
-            for a in raw["attempts"]
-        ),
-        error=raw["error"],
-    )
+        self.deadline = time.monotonic() + timeout
+
+    def __enter__(self) -> RunningProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def result(self) -> LoaderResult:
+        """Wait for the probe (until its own deadline) and read what the loader did."""
+        where = self.package_root / self.import_name
+        try:
+            self.child.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise LoaderProbeError(
+                f"{where}: importing the package for CC {_cc_text(self.cc)} did not finish in {self.timeout:g} s; "
+                "its loader hangs",
+                remedy="run `python -X importtime -c 'import " + self.import_name + "'` to see where",
+            ) from None
+        stdout = (self.scratch / "stdout").read_text(errors="replace")
+        lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARKER)]
+        if not lines:
+            stderr = (self.scratch / "stderr").read_text(errors="replace")
+            tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise LoaderProbeError(
+                f"{where}: loader probe for CC {_cc_text(self.cc)} exited {self.child.returncode} without a result: "
+                f"{tail}"
+            )
+        raw = json.loads(lines[-1][len(RESULT_MARKER) :])
+        return LoaderResult(
+            cc=self.cc,
+            selected=_relative(raw["selected"], self.package_root),
+            attempts=tuple(
+                LoaderAttempt(
+                    a["how"],
+                    _relative(a.get("path"), self.package_root) or (f"import {a['name']}" if a.get("name") else None),
+                    a.get("exists"),
+                )
+                for a in raw["attempts"]
+            ),
+            error=raw["error"],
+        )
+
+    def close(self) -> None:
+        _kill_group(self.child)
+        self.child.wait()
+        _kill_escaped(self.token)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def probe_loader(package_root: Path, import_name: str, cc: CC | None, *, timeout: float = 30.0) -> LoaderResult:
+    """Import `import_name` from `package_root` as if on a GPU of compute capability `cc` (None: no GPU)."""
+    with RunningProbe(package_root, import_name, cc, timeout=timeout) as probe:
+        return probe.result()
+
+
+def _kill_escaped(token: str) -> None:
+    """Kill what the loader forked that left the process group (setsid): it still carries our token."""
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(PROBE_TOKEN) == token:
+                process.kill()
 
 
 def _kill_group(child: subprocess.Popen[str]) -> None:

@@ -8,8 +8,7 @@ every other CUDA binary is a warning per arch unless named with `require`, which
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -20,7 +19,7 @@ from recipes.archs import ARCHS, Arch, parse_arch
 from verify import sources
 from verify.compat import Runs, best_runs
 from verify.fatbin import FatbinEntry
-from verify.loader_probe import LoaderResult, probe_loader
+from verify.loader_probe import LoaderResult, RunningProbe
 
 
 @dataclass(frozen=True)
@@ -84,9 +83,12 @@ def verify_tree(
     probe_timeout: float = 30.0,
 ) -> Report:
     package_root = find_package_root(tree, import_name)
-    # The probes are child processes: run them while this process reads the binaries.
-    with ThreadPoolExecutor(max_workers=min(4, max(1, len(archs)))) as pool:
-        probes = [pool.submit(probe_loader, package_root, import_name, a.cc, timeout=probe_timeout) for a in archs]
+    # The probes are child processes: start them all, read the binaries meanwhile, then collect. The stack
+    # closes every probe however this ends (a timeout, an interrupt), so none outlives verify.
+    with ExitStack() as stack:
+        probes = [
+            stack.enter_context(RunningProbe(package_root, import_name, a.cc, timeout=probe_timeout)) for a in archs
+        ]
         binaries = [_read(tree, rel, package_root, kernels) for rel in tree.binaries]
         loaders = [probe.result() for probe in probes]
     cuda_binaries = [b for b in binaries if b.is_cuda]
