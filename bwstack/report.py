@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from bwstack.errors import ReportError
 
@@ -30,15 +30,16 @@ class Status(StrEnum):
     SKIP = "skip"
 
 
-# Characters XML 1.0 cannot carry, even escaped (C0 controls other than tab, newline, carriage return).
-_NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+# Characters XML 1.0 cannot carry, even escaped: C0 controls other than tab, newline and carriage return,
+# and the non-characters U+FFFE and U+FFFF (valid UTF-8, so a server's log line can carry them).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
 def _text(value: str) -> str:
     """Text safe to print or write as UTF-8 and XML: a finding may quote a broken file's bytes (a lone
     surrogate from invalid UTF-8, a NUL), which would otherwise crash the report at the last step."""
     clean = value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", clean)
+    return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", clean)
 
 
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
@@ -150,18 +151,17 @@ class Report:
 
     def print_table(self, console: Console | None = None) -> None:
         console = console or Console()
-        verdict = "[green]PASS[/green]" if self.ok else "[bold red]FAIL[/bold red]"
-        table = Table(
-            title=f"bwstack {self.kind}: {escape(_text(self.subject))} {verdict}", show_lines=False, expand=False
-        )
+        title = Text(f"bwstack {self.kind}: {_text(self.subject)} ")
+        title.append("PASS" if self.ok else "FAIL", style="green" if self.ok else "bold red")
+        table = Table(title=title, show_lines=False, expand=False)
         table.add_column("check", no_wrap=True)
         table.add_column("status", no_wrap=True)
         table.add_column("finding")
         for check in self.checks:
-            style = _STATUS_STYLE[check.status]
-            # Findings quote file, tensor and log text: escape it, or "[/b]" in a name is read as markup.
-            finding = escape(_text(check.finding))
+            # Text, not markup: findings quote file, tensor and log text, where "[/b]" or ":smile:" is literal.
+            finding = Text(_text(check.finding))
             if check.remedy and check.status in (Status.FAIL, Status.WARN):
-                finding += f"\n[cyan]remedy:[/cyan] {escape(_text(check.remedy))}"
-            table.add_row(escape(_text(check.name)), f"[{style}]{check.status}[/{style}]", finding)
+                finding.append("\nremedy: ", style="cyan")
+                finding.append(_text(check.remedy))
+            table.add_row(Text(_text(check.name)), Text(str(check.status), style=_STATUS_STYLE[check.status]), finding)
         console.print(table)

@@ -98,7 +98,7 @@ def test_incident_twin_is_refused_and_keeps_no_tag(docker_client, static_busybox
     data = json.loads((tmp_path / "b.json").read_text())
     gate = next(c for c in data["checks"] if c["name"] == "sm120 verify gate")
     assert gate["status"] == "fail"
-    assert "sgl_kernel/sm100/common_ops.abi3.so has no code that runs here" in gate["finding"]
+    assert "sgl_kernel/sm100/common_ops.abi3.so, which has no code that runs here" in gate["finding"]
     assert "compute_120a,code=sm_120a" in gate["remedy"]
     assert data["images"][0]["tags"] == []
     assert tags_of(docker_client, repo) == set()

@@ -72,7 +72,7 @@ def test_incident_image_stops_at_verify_on_an_rtx_pro_6000_node(docker_client, d
     assert data["stopped_at"] == "verify"
     checks = by_name(data)
     assert checks["verify"]["status"] == "fail"
-    assert "sgl_kernel/sm100/common_ops.abi3.so has no code that runs here" in checks["verify"]["finding"]
+    assert "sgl_kernel/sm100/common_ops.abi3.so, which has no code that runs here" in checks["verify"]["finding"]
     assert checks["smoke"]["status"] == "skip" and checks["smoke"]["finding"] == "not run: verify failed"
     assert data["stages"]["smoke"] == {"ok": None, "skipped": "not run: verify failed"}
     assert not smoke_containers(docker_client)

@@ -68,10 +68,23 @@ def test_unwritable_report_path_is_a_report_error(tmp_path: Path) -> None:
 def test_findings_quoting_broken_bytes_still_write_and_print(tmp_path: Path) -> None:
     """A lone surrogate (from invalid UTF-8) or a NUL in a finding must not crash the last step."""
     report = Report("preflight", "node")
-    report.add(Check("model.config", Status.FAIL, "num_bits is '\ud800' in \x00config.json", remedy="fix \ud800"))
+    report.add(
+        Check("model.config", Status.FAIL, "num_bits is '\ud800' in \x00config.json \ufffe", remedy="fix \ud800")
+    )
     report.write(json_path=tmp_path / "r.json", junit_path=tmp_path / "r.xml")
     suite = ET.parse(tmp_path / "r.xml").getroot()  # well-formed XML
     assert "\\ud800" in suite.find("testcase/failure").get("message")
     assert json.loads((tmp_path / "r.json").read_text())["checks"][0]["status"] == "fail"
+    import xml.dom.minidom
+
+    xml.dom.minidom.parse(str(tmp_path / "r.xml"))  # the strictest parser at hand accepts it
     buffer = io.BytesIO()
     report.print_table(Console(file=io.TextIOWrapper(buffer, encoding="utf-8"), width=200, force_terminal=False))
+
+
+def test_emoji_codes_in_findings_print_literally() -> None:
+    buffer = io.StringIO()
+    Report("smoke", "x", [Check("log", Status.WARN, "line says :smile: and [bold]")]).print_table(
+        Console(file=buffer, width=200, force_terminal=False)
+    )
+    assert ":smile: and [bold]" in buffer.getvalue()

@@ -76,7 +76,7 @@ def test_incident_failure_names_the_binary_and_the_remedy() -> None:
         report = verify_tree(tree, [parse_arch("sm120")])
     (failure,) = report.failures()
     assert failure.name == "sm120 loader"
-    assert "sgl_kernel/sm100/common_ops.abi3.so has no code that runs here" in failure.finding
+    assert "sgl_kernel/sm100/common_ops.abi3.so, which has no code that runs here" in failure.finding
     assert "holds sm_80, sm_90, sm_100a" in failure.finding
     assert failure.remedy.startswith("rebuild sgl-kernel with -gencode arch=compute_120a,code=sm_120a")
     assert "compute_120f PTX" in failure.remedy

@@ -234,7 +234,7 @@ def _binary_check(
     import_name: str,
 ) -> Check:
     name = f"{arch.name} loader" if is_selected else f"{arch.name} {binary.name}"
-    picked = f"the loader picks {binary.path}" if is_selected else binary.path
+    picked = f"the loader picks {binary.path}, which" if is_selected else binary.path
     evidence = {**(loader_evidence if is_selected else {"cc": arch.cc_str}), "holds": binary.holds()}
     if binary.error:
         return Check(
