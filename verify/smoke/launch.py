@@ -14,6 +14,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -162,7 +164,15 @@ class ContainerServer:
         self.tree.refresh()
 
     @classmethod
-    def start(cls, spec: LaunchSpec, client: Any) -> ContainerServer:
+    def start(
+        cls,
+        spec: LaunchSpec,
+        client: Any,
+        *,
+        interruptible: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> ContainerServer:
+        """Create and start the container. `interruptible` wraps the creation (it may pull the image for
+        minutes): inside smoke's deferred launch, a signal may cut that stretch, not the rest."""
         import docker.errors
 
         assert spec.image is not None
@@ -187,7 +197,8 @@ class ContainerServer:
         # create, then start, as `docker run` does, but in two steps: a start that fails (no NVIDIA runtime for
         # --gpus, a bad mount) leaves a container in state Created, and it must be removed like any other
         try:
-            container = _create(client, spec.image, options)
+            with interruptible():
+                container = _create(client, spec.image, options)
         except docker.errors.ImageNotFound:
             raise DockerError(
                 f"image {spec.image} is not here and could not be pulled", remedy="build it (invoke build) or pull it"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import tempfile
@@ -17,7 +18,7 @@ from verify.smoke import diagnose as dx
 from verify.smoke.activity import ActivityMonitor
 from verify.smoke.cleanup import CleanupResult
 from verify.smoke.gpu import GpuSampler, open_gpu_sampler
-from verify.smoke.interrupt import SmokeInterrupted, TerminationGuard
+from verify.smoke.interrupt import TerminationGuard
 from verify.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
 from verify.smoke.logfollow import FileFollower
 from verify.smoke.phases import PhaseTracker, vocabulary
@@ -30,12 +31,20 @@ Progress = Callable[[str], None]
 
 
 def _stamped(progress: Progress | None) -> Progress:
-    """Progress lines for people watching a long start: seconds since the run began, then the text."""
+    """Progress lines for people watching a long start: seconds since the run began, then the text.
+
+    A line that cannot be written (the terminal closed: SIGHUP, then EIO on every write) is dropped:
+    it must never cut the clean-up short."""
     if progress is None:
         return lambda _line: None
     started = time.monotonic()
     target = progress
-    return lambda line: target(f"[{time.monotonic() - started:7.1f}s] smoke: {line}")
+
+    def say(line: str) -> None:
+        with contextlib.suppress(OSError):
+            target(f"[{time.monotonic() - started:7.1f}s] smoke: {line}")
+
+    return say
 
 
 def _gpus(request: SmokeRequest, gpu: GpuSampler) -> str:
@@ -119,7 +128,9 @@ def _diagnose(
     )
 
 
-def _launch(request: SmokeRequest, command: ServerCommand, log_path: Path, gpus: str, client: Any) -> Server:
+def _launch(
+    request: SmokeRequest, command: ServerCommand, log_path: Path, gpus: str, client: Any, guard: TerminationGuard
+) -> Server:
     spec = LaunchSpec(
         argv=command.argv,
         log_path=log_path,
@@ -131,7 +142,7 @@ def _launch(request: SmokeRequest, command: ServerCommand, log_path: Path, gpus:
         name=unique_name(command.port),
     )
     if client is not None:
-        return ContainerServer.start(spec, client)
+        return ContainerServer.start(spec, client, interruptible=guard.interruptible)
     return ProcessServer.start(spec)
 
 
@@ -144,8 +155,9 @@ def run_smoke(
     """Start the server, follow it to a verdict, diagnose, stop everything, and report.
 
     Raises SmokeError / DockerError / RecipeError (exit 2) when it cannot start at all: a busy port,
-    a bad command, an unreachable engine, a missing model folder or recipe. A SIGTERM during the run
-    stops the server and then raises SmokeInterrupted (a KeyboardInterrupt: invoke exits 1).
+    a bad command, an unreachable engine, a missing model folder or recipe. A SIGTERM, SIGHUP or SIGINT
+    during the run stops the server and then raises SmokeInterrupted (a KeyboardInterrupt carrying
+    `signum`: the task exits 128 + signum).
     """
     say = _stamped(progress)
     command = resolve_command(request)
@@ -157,7 +169,6 @@ def run_smoke(
             remedy="stop that server or pick another --port",
         )
     client = docker_client() if request.image else None  # an unreachable engine: exit 2 before anything starts
-    log_path = request.log_path or Path(tempfile.mkdtemp(prefix="bwstack-smoke-")) / "server.log"
     sampler = gpu or open_gpu_sampler()
     # a request that never returns blocks the watch loop: keep every one inside the stall timeout (the
     # watcher also gives each only what is left of the stall window)
@@ -168,30 +179,36 @@ def run_smoke(
         completion_timeout_s=min(30.0, max(0.5, request.stall_timeout_s)),
     )
     cleanup: CleanupResult | None = None
-    # SIGTERM (a CI job's timeout, systemctl stop) raises SmokeInterrupted from here on, so the `finally`
-    # below stops the server; Python's default would end smoke at once and leave the server running
+    log_path = request.log_path or Path(tempfile.mkdtemp(prefix="bwstack-smoke-")) / "server.log"
+    # SIGTERM (a CI job's timeout, systemctl stop), SIGHUP (a closed terminal) and Ctrl-C raise
+    # SmokeInterrupted from here on, so the clean-up below stops the server; Python's default would end
+    # smoke at once (or cut the clean-up short) and leave the server running
     with TerminationGuard() as guard:
         try:
-            server = _launch(request, command, log_path, _gpus(request, sampler), client)
-            tracker = PhaseTracker(vocab)
-            follower = FileFollower(log_path)
-            try:
-                watcher = Watcher(
-                    server,
-                    follower,
-                    tracker,
-                    ActivityMonitor(server.tree, sampler),
-                    probe,
-                    WatchConfig(request.startup_timeout_s, request.stall_timeout_s, poll_s=request.poll_s),
-                    progress=say,
-                )
-                outcome = watcher.run()
-                diagnosis = _diagnose(outcome, server, tracker, probe, sampler, say)
-            except SmokeInterrupted as interrupted:
-                say(f"received {signal.Signals(interrupted.signum).name}: stopping the server before exiting")
-                raise
-            finally:
-                with guard.deferred():  # a SIGTERM now waits until the server is stopped
+            # deferred from the launch to the end of the clean-up: a signal that comes before the server is
+            # held, between the watch and the clean-up, or during the clean-up waits until the server is
+            # stopped; only the watch, the diagnosis and an image pull are cut at once
+            with guard.deferred():
+                server = _launch(request, command, log_path, _gpus(request, sampler), client, guard)
+                tracker = PhaseTracker(vocab)
+                follower = FileFollower(log_path)
+                try:
+                    with guard.interruptible():
+                        watcher = Watcher(
+                            server,
+                            follower,
+                            tracker,
+                            ActivityMonitor(server.tree, sampler),
+                            probe,
+                            WatchConfig(request.startup_timeout_s, request.stall_timeout_s, poll_s=request.poll_s),
+                            progress=say,
+                        )
+                        outcome = watcher.run()
+                        diagnosis = _diagnose(outcome, server, tracker, probe, sampler, say)
+                finally:
+                    announced = guard.received
+                    if announced is not None:
+                        say(f"received {signal.Signals(announced).name}: stopping the server before exiting")
                     say(f"stopping {server.describe()}")
                     cleanup = server.stop(request.grace_s)
                     say(
@@ -199,6 +216,8 @@ def run_smoke(
                         if cleanup.clean
                         else f"stopped, but still running: {cleanup.left_running or 'the container'}"
                     )
+                    if announced is None and guard.received is not None:
+                        say(f"received {signal.Signals(guard.received).name} during the clean-up: exiting")
             follower.read_all_new()
             return build_report(
                 request=request,
