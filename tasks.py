@@ -14,7 +14,7 @@ from invoke.exceptions import ParseError
 
 from bwstack.errors import BwstackError
 from bwstack.flags import number, optional_number
-from bwstack.report import Report
+from bwstack.report import Report, check_writable
 
 
 def _parse_errors_exit_2() -> None:
@@ -60,6 +60,7 @@ def guarded(body: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
+            check_writable(kwargs.get("json"), kwargs.get("junit"))  # invoke passes flags as keywords
             return body(*args, **kwargs)
         except BwstackError as error:
             print(f"bwstack: error: {error.one_line()}", file=sys.stderr)

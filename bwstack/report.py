@@ -45,6 +45,28 @@ def _text(value: str) -> str:
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
 
 
+def check_writable(*paths: str | Path | None) -> None:
+    """Refuse, before any work, a report path that could never be written (ReportError, exit 2): a build
+    or a smoke run should not take an hour only to fail at its last line. It opens the file for appending,
+    which is the one honest test (root passes every permission check), and removes it if it was not there."""
+    for given in paths:
+        if not given:
+            continue
+        path = Path(given)
+        existed = path.exists()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a"):
+                pass
+            if not existed:
+                path.unlink()
+        except OSError as error:
+            raise ReportError(
+                f"cannot write the report to {path}: {error.strerror or error}",
+                remedy="pass --json/--junit a file path in a writable folder",
+            ) from None
+
+
 @dataclass
 class Check:
     """One thing that was checked, and what was found."""

@@ -126,6 +126,8 @@ def test_bad_flag_values_exit_2_with_one_line(args: list[str], fragment: str) ->
         (["verify", "--arch", "sm120", "--path", ".", "--package", ""], "is not a Python import name"),
         (["verify", "--arch", "sm120", "--path", "tests/fixtures/packages/good", "--json", "/tmp"], "cannot write"),
         (["provision", "--demo", "--port", "70000"], "--port 70000 is not a TCP port"),
+        (["smoke", "--command", "sleep 30", "--port", "34998", "--json", "/proc/x.json"], "cannot write the report"),
+        (["provision", "--demo", "--junit", "/proc/nope/r.xml"], "cannot write the report"),
     ],
 )
 def test_parse_errors_and_unwritable_outputs_exit_2_with_one_line(args: list[str], fragment: str) -> None:

@@ -88,3 +88,16 @@ def test_emoji_codes_in_findings_print_literally() -> None:
         Console(file=buffer, width=200, force_terminal=False)
     )
     assert ":smile: and [bold]" in buffer.getvalue()
+
+
+def test_an_unwritable_path_is_refused_up_front_and_a_writable_one_left_as_it_was(tmp_path: Path) -> None:
+    from bwstack.report import check_writable
+
+    with pytest.raises(ReportError, match=r"cannot write the report to /proc/x\.json"):
+        check_writable("/proc/x.json")
+    target = tmp_path / "reports" / "r.json"
+    check_writable(target, None)
+    assert not target.exists() and target.parent.is_dir()
+    target.write_text("kept")
+    check_writable(target)
+    assert target.read_text() == "kept"
