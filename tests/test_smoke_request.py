@@ -54,6 +54,11 @@ def test_flags_become_a_typed_request() -> None:
         ({"command": "x", "port": "1", "grace": "-inf"}, "--grace '-inf' is not a finite number"),
         ({"command": "x", "port": "1", "env": ["NOEQUALS"]}, "is not KEY=VALUE"),
         ({"command": "x", "port": "1", "gpus": "some"}, "--gpus 'some'"),
+        ({"command": "x", "port": "1", "shm_size": "lots"}, "--shm-size 'lots'"),
+        ({"command": "x", "port": "1", "shm_size": "32x"}, "--shm-size '32x'"),
+        ({"command": "x", "port": "1", "shm_size": "-1g"}, "--shm-size '-1g'"),
+        ({"command": "x", "port": "1", "shm_size": "1.5g"}, "--shm-size '1.5g'"),
+        ({"command": "x", "port": "1", "shm_size": "0g"}, "--shm-size '0g'"),
         ({"model": "/does/not/exist"}, "model folder /does/not/exist does not exist"),
     ],
 )
@@ -67,6 +72,11 @@ def test_bad_flags_are_smoke_errors(changes: dict[str, Any], message: str) -> No
 def test_a_request_refuses_non_finite_seconds_however_it_is_built(field: str, value: float) -> None:
     with pytest.raises(SmokeError, match=f"{field} must be a finite number"):
         SmokeRequest(command=("server",), port=1, **{field: value})
+
+
+@pytest.mark.parametrize("size", ["32g", "32G", "512m", "64k", "1024", "100b"])
+def test_shm_sizes_in_dockers_format_are_taken(size: str) -> None:
+    assert flags(command="x", port="1", image="stack:tag", shm_size=size).shm_size == size
 
 
 def test_command_needs_a_port() -> None:
@@ -209,3 +219,14 @@ def test_a_container_that_fails_to_start_is_removed(tmp_path: Path) -> None:
     with pytest.raises(DockerError, match=r"cannot start a container from stack:tag: could not select device"):
         ContainerServer.start(spec, client)
     assert created == ["stack:tag"] and container.calls == ["start", "remove force=True"]
+
+
+def test_an_option_the_docker_sdk_itself_refuses_is_a_docker_error(tmp_path: Path) -> None:
+    # the SDK checks some options while it builds the request, before it talks to the engine, and raises
+    # its base DockerException (not an APIError): that was a traceback
+    import docker
+
+    client = docker.DockerClient(base_url=f"unix://{tmp_path}/no-docker.sock", version="1.45")
+    spec = LaunchSpec(argv=(), log_path=tmp_path / "log", image="stack:tag", shm_size="lots", name="bwstack-smoke-t")
+    with pytest.raises(DockerError, match=r"cannot create a container from stack:tag: .*lots"):
+        ContainerServer.start(spec, client)

@@ -87,6 +87,14 @@ def test_bad_input_and_a_missing_docker_engine_exit_2(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_bad_shm_size_exits_2_with_one_line() -> None:
+    # docker-py refused it while building the container's host config: a traceback, after the engine was asked
+    done = invoke_smoke("--image", "stack:tag", "--command", "serve", "--port", str(free_port()), "--shm-size", "lots")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("bwstack: error: --shm-size 'lots'")
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
 def test_an_unresolvable_host_exits_2_with_one_line() -> None:
     done = invoke_smoke("--command", "sleep 4711.875", "--port", str(free_port()), "--host", "no such host!!")
     assert done.returncode == 2, done.stderr

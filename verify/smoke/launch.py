@@ -205,6 +205,8 @@ class ContainerServer:
             ) from None
         except docker.errors.APIError as error:
             raise DockerError(f"cannot create a container from {spec.image}: {error.explanation or error}") from None
+        except docker.errors.DockerException as error:  # refused by the SDK itself: a bad option or reference
+            raise DockerError(f"cannot create a container from {spec.image}: {error}") from None
         except BaseException:
             _remove_named(client, spec.name)  # interrupted while the engine was creating it
             raise
@@ -216,6 +218,9 @@ class ContainerServer:
         except docker.errors.APIError as error:
             _remove(container)  # never leave a container behind a failed start
             raise DockerError(f"cannot start a container from {spec.image}: {error.explanation or error}") from None
+        except docker.errors.DockerException as error:
+            _remove(container)
+            raise DockerError(f"cannot start a container from {spec.image}: {error}") from None
         except BaseException:
             _remove(container)
             raise

@@ -21,6 +21,7 @@ DEFAULT_STARTUP_TIMEOUT_S = 1800.0  # a cold 1T-parameter start can take many mi
 DEFAULT_STALL_TIMEOUT_S = 120.0
 DEFAULT_GRACE_S = 10.0
 _GPUS = re.compile(r"^(auto|all|none|\d+(,\d+)*)$")
+_SHM_SIZE = re.compile(r"^\d+[bkmg]?$", re.IGNORECASE | re.ASCII)  # Docker's --shm-size: bytes, or a b/k/m/g suffix
 _N = TypeVar("_N", int, float)
 
 
@@ -61,6 +62,12 @@ class SmokeRequest:
                 raise SmokeError(f"{name} must be positive, not {value}")
         if not _GPUS.match(self.gpus):
             raise SmokeError(f"--gpus {self.gpus!r}: use auto, all, none or device ids such as 0,1")
+        if self.shm_size is not None and not (
+            _SHM_SIZE.match(self.shm_size) and int(self.shm_size.rstrip("bkmgBKMG")) > 0
+        ):
+            raise SmokeError(
+                f"--shm-size {self.shm_size!r} is not a size", remedy="give a whole number with b, k, m or g, e.g. 32g"
+            )
 
     @classmethod
     def from_flags(
