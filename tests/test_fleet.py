@@ -175,3 +175,18 @@ def test_write_fleet(spec: FleetSpec, tmp_path: Path) -> None:
         "fleet/sglang-sm120/daemonset.yaml",
         "fleet/sglang-sm120/playbook.yml",
     ]
+
+
+@pytest.mark.parametrize(
+    "model_dir", ["/models/../etc", "/", "/var/run/docker.sock", "/var/run", "/var/lib/bwstack", "/models//x"]
+)
+def test_render_refuses_a_model_folder_kubernetes_or_the_pod_cannot_mount(spec: FleetSpec, model_dir: str) -> None:
+    with pytest.raises(RenderError, match="cannot be mounted"):
+        render_fleet(dataclasses.replace(spec, model_dir=model_dir))
+
+
+def test_an_unwritable_out_folder_is_a_render_error(spec: FleetSpec, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(RenderError, match=r"cannot write .*: Not a directory"):
+        fleet.write_fleet(spec, blocker)

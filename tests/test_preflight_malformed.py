@@ -287,3 +287,15 @@ def test_malformed_index_is_a_failed_check_naming_the_file(tmp_path: Path, index
     found = check(report, "model.index")
     assert found.status is Status.FAIL
     assert found.finding.startswith(f"{tmp_path / 'm' / INDEX} ") and problem in found.finding, found.finding
+
+
+@pytest.mark.parametrize("name", ["config.json", INDEX])
+def test_metadata_that_is_a_fifo_is_a_finding_not_a_hang(tmp_path: Path, name: str) -> None:
+    import os
+
+    root = write_checkpoint(tmp_path / "model")
+    (root / name).unlink()
+    os.mkfifo(root / name)
+    report = run_preflight(PreflightRequest(tp=1, model=root, docker=False), nvml=fakes.rtx_pro_6000_pcie())
+    failed = [c for c in report.checks if c.status is Status.FAIL and c.name.startswith("model.")]
+    assert failed and "is not a regular file" in failed[0].finding

@@ -8,6 +8,7 @@ mistake fails `invoke fleet`, not a rollout.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,18 @@ def render_fleet(spec: FleetSpec) -> dict[str, str]:
             f"model folder {spec.model_dir!r} is not an absolute path: a Kubernetes hostPath and Ansible need one",
             remedy=f"pass --model-dir /path/on/every/node, e.g. /models/{spec.model_dir.rstrip('/').split('/')[-1]}",
         )
+    normal = posixpath.normpath(spec.model_dir)
+    taken = {DOCKER_SOCKET, spec.report_dir}
+    if (
+        normal != spec.model_dir.rstrip("/")
+        or normal == "/"
+        or any(normal == t or t.startswith(normal + "/") or normal.startswith(t + "/") for t in taken)
+    ):
+        raise RenderError(
+            f"model folder {spec.model_dir!r} cannot be mounted: it must be a plain absolute path (no '..', not '/')"
+            f" apart from the pod's other mounts ({', '.join(sorted(taken))})",
+            remedy="pass --model-dir the checkpoint folder's real path on the nodes, e.g. /models/Kimi-K2.5",
+        )
     env = _environment()
     files = {}
     for name in (DAEMONSET, PLAYBOOK):
@@ -177,12 +190,17 @@ def write_fleet(spec: FleetSpec, out: Path) -> list[Path]:
     """Write <out>/fleet/<recipe>-<arch>/{daemonset.yaml, playbook.yml}; return the paths."""
     files = render_fleet(spec)  # first: a spec that does not render leaves nothing behind
     folder = out / "fleet" / f"{spec.recipe}-{spec.arch}"
-    folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in files.items():
-        path = folder / name
-        path.write_text(text)
-        written.append(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = folder / name
+            path.write_text(text)
+            written.append(path)
+    except OSError as error:
+        raise RenderError(
+            f"cannot write {folder}: {error.strerror or error}", remedy="pass --out a writable folder"
+        ) from None
     return written
 
 

@@ -9,6 +9,7 @@ language model's config, and its quantization_config, under "text_config".
 from __future__ import annotations
 
 import json
+import stat
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,10 +172,24 @@ def _describe_quant(quant: dict[str, Any] | None) -> str:
     return text
 
 
+_METADATA_LIMIT = 64 << 20  # config.json and the index are kilobytes; a larger file is not one of them
+
+
+def _read_metadata(path: Path) -> str:
+    """A small JSON file's text. A FIFO or device would block a plain read forever, so only a regular file
+    is opened; FileNotFoundError passes through for the caller's "missing" finding."""
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path.name} is not a regular file")
+    if info.st_size > _METADATA_LIMIT:
+        raise ValueError(f"{path.name} is {info.st_size} bytes, more than any checkpoint metadata")
+    return path.read_text(encoding="utf-8")
+
+
 def check_config(model_dir: Path, summary: ModelSummary) -> Check:
     path = model_dir / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(_read_metadata(path))
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
     except FileNotFoundError:
@@ -235,7 +250,7 @@ def _read_index(model_dir: Path) -> tuple[dict[str, str] | None, dict[str, Any],
             ),
         )
     try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
+        index = json.loads(_read_metadata(index_path))
     except (OSError, ValueError) as error:
         problem = f"does not parse: {' '.join(str(error).split())}"
     except RecursionError:
