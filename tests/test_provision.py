@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,7 +54,9 @@ def smoke_containers(client) -> list:
 
 @pytest.mark.docker
 def test_h200_node_verifies_for_its_own_gpus_then_serves(docker_client, demo_images, tmp_path: Path) -> None:
-    request = ProvisionRequest(demo_images["demo"], DEMO_MODEL, "demo", startup_timeout_s=60, stall_timeout_s=20)
+    request = ProvisionRequest(
+        demo_images["demo"], DEMO_MODEL, "demo", startup_timeout_s=60, stall_timeout_s=20, smoke_log=tmp_path / "s.log"
+    )
     report = run_provision(request, nvml=fakes.h200_nvlink(), preflight_options=node_seams(tmp_path)).to_dict()
     assert report["ok"] is True, [c for c in report["checks"] if c["status"] == "fail"]
     assert report["verified_for"] == ["sm90"]  # NVML's CC 9.0, not the recipe's sm120
@@ -65,7 +69,7 @@ def test_h200_node_verifies_for_its_own_gpus_then_serves(docker_client, demo_ima
 
 @pytest.mark.docker
 def test_incident_image_stops_at_verify_on_an_rtx_pro_6000_node(docker_client, demo_images, tmp_path: Path) -> None:
-    request = ProvisionRequest(demo_images["demo-incident"], DEMO_MODEL, "demo-incident")
+    request = ProvisionRequest(demo_images["demo-incident"], DEMO_MODEL, "demo-incident", smoke_log=tmp_path / "s.log")
     report = run_provision(request, nvml=fakes.rtx_pro_6000_pcie(), preflight_options=node_seams(tmp_path))
     data = report.to_dict()
     assert report.exit_code == 1
@@ -106,7 +110,7 @@ def test_missing_shard_stops_provisioning_naming_the_file(tmp_path: Path) -> Non
     for path in DEMO_MODEL.iterdir():
         if path.name != "model-00002-of-00002.safetensors":
             (model / path.name).write_bytes(path.read_bytes())
-    request = ProvisionRequest("never-pulled:latest", model, "demo")
+    request = ProvisionRequest("never-pulled:latest", model, "demo", smoke_log=tmp_path / "s.log")
     report = run_provision(request, nvml=fakes.rtx_pro_6000_pcie(), preflight_options=node_seams(tmp_path)).to_dict()
     assert report["stopped_at"] == "preflight"
     failing = [c for c in report["checks"] if c["status"] == "fail" and c["name"].startswith("preflight: model")]
@@ -115,7 +119,8 @@ def test_missing_shard_stops_provisioning_naming_the_file(tmp_path: Path) -> Non
 
 @pytest.mark.docker
 def test_demo_passes_end_to_end(docker_client, tmp_path: Path) -> None:
-    result = invoke("provision", "--demo", "--json", str(tmp_path / "p.json"))
+    # the task has no flag for the smoke log: its folder goes under tmp_path through TMPDIR
+    result = invoke("provision", "--demo", "--json", str(tmp_path / "p.json"), env={"TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "p.json").read_text())
     assert [data["stages"][s]["ok"] for s in ("build", "preflight", "verify", "smoke")] == [True] * 4
@@ -128,3 +133,32 @@ def test_demo_passes_end_to_end(docker_client, tmp_path: Path) -> None:
 def test_provision_needs_an_image_and_a_model() -> None:
     result = invoke("provision", "--image", "x:y")
     assert result.returncode == 2 and "needs --image REF and --model DIR (or --demo)" in result.stderr
+
+
+def test_the_smoke_stage_writes_its_log_where_it_is_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # without a place, every provision (and every test of it) left a bwstack-smoke-* folder in the temp folder
+    import verify.provision as provision
+    from bwstack.report import Report
+    from verify.smoke import SmokeRequest
+
+    @contextlib.contextmanager
+    def no_image(*args: object, **kwargs: object) -> Iterator[None]:
+        yield None
+
+    asked: list[SmokeRequest] = []
+
+    def fake_smoke(request: SmokeRequest, **kwargs: object) -> Report:
+        asked.append(request)
+        return Report(kind="smoke", subject="fake")
+
+    monkeypatch.setattr(provision, "run_preflight", lambda *args, **kwargs: Report(kind="preflight", subject="x"))
+    monkeypatch.setattr(provision, "_node_archs", lambda preflight, demo: ([provision.parse_arch("sm90")], []))
+    monkeypatch.setattr(provision.sources, "open_image", no_image)
+    monkeypatch.setattr(provision, "verify_tree", lambda *args, **kwargs: Report(kind="verify", subject="x"))
+    monkeypatch.setattr(provision, "run_smoke", fake_smoke)
+    log = tmp_path / "smoke" / "server.log"
+    report = run_provision(ProvisionRequest("stack:tag", DEMO_MODEL, "demo", smoke_log=log))
+    assert report.data["stopped_at"] is None
+    assert [r.log_path for r in asked] == [log]
+    run_provision(ProvisionRequest("stack:tag", DEMO_MODEL, "demo"))
+    assert asked[-1].log_path is None  # the default: smoke's own folder, kept for the person to read

@@ -46,6 +46,7 @@ class ProvisionRequest:
     startup_timeout_s: float = 1800.0
     stall_timeout_s: float = 120.0
     repo: str = "bwstack"
+    smoke_log: Path | None = None  # the smoke stage's server log; None: a new bwstack-smoke-* folder, kept
 
     def __post_init__(self) -> None:
         # Checked before the first stage, not when smoke finally needs them after a build and a verify.
@@ -200,6 +201,7 @@ def run_provision(
                 startup_timeout_s=request.startup_timeout_s,
                 stall_timeout_s=request.stall_timeout_s,
                 gpus="none" if request.demo else "auto",
+                log_path=request.smoke_log,
             ),
             progress=say,
         )
