@@ -87,6 +87,25 @@ def test_bad_input_and_a_missing_docker_engine_exit_2(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_run_that_starts_nothing_leaves_no_log_folder(tmp_path: Path) -> None:
+    # the folder smoke makes for the server log was kept, empty, after an exit 2 that started nothing
+    done = invoke_smoke(
+        "--command", f"{tmp_path}/no-such-server", "--port", str(free_port()), env={"TMPDIR": str(tmp_path)}
+    )  # fmt: skip
+    assert done.returncode == 2 and "cannot start" in done.stderr, done.stderr
+    assert not list(tmp_path.glob("bwstack-smoke-*"))
+
+
+def test_a_bad_image_reference_leaves_no_log_folder(docker_client: object, tmp_path: Path) -> None:
+    port = str(free_port())
+    done = invoke_smoke(
+        "--image", "Not A Reference!!", "--command", "serve", "--port", port, "--gpus", "none",
+        env={"TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 2 and "cannot create a container from Not A Reference!!" in done.stderr, done.stderr
+    assert not list(tmp_path.glob("bwstack-smoke-*"))
+
+
 def test_a_bad_shm_size_exits_2_with_one_line() -> None:
     # docker-py refused it while building the container's host config: a traceback, after the engine was asked
     done = invoke_smoke("--image", "stack:tag", "--command", "serve", "--port", str(free_port()), "--shm-size", "lots")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -155,9 +156,9 @@ def run_smoke(
     """Start the server, follow it to a verdict, diagnose, stop everything, and report.
 
     Raises SmokeError / DockerError / RecipeError (exit 2) when it cannot start at all: a busy port,
-    a bad command, an unreachable engine, a missing model folder or recipe. A SIGTERM, SIGHUP or SIGINT
-    during the run stops the server and then raises SmokeInterrupted (a KeyboardInterrupt carrying
-    `signum`: the task exits 128 + signum).
+    a bad command, an unreachable engine, a missing model folder or recipe; a log folder it made for
+    such a run is removed. A SIGTERM, SIGHUP or SIGINT during the run stops the server and then raises
+    SmokeInterrupted (a KeyboardInterrupt carrying `signum`: the task exits 128 + signum).
     """
     say = _stamped(progress)
     command = resolve_command(request)
@@ -180,6 +181,7 @@ def run_smoke(
     )
     cleanup: CleanupResult | None = None
     log_path = request.log_path or Path(tempfile.mkdtemp(prefix="bwstack-smoke-")) / "server.log"
+    created_folder = None if request.log_path else log_path.parent
     # SIGTERM (a CI job's timeout, systemctl stop), SIGHUP (a closed terminal) and Ctrl-C raise
     # SmokeInterrupted from here on, so the clean-up below stops the server; Python's default would end
     # smoke at once (or cut the clean-up short) and leave the server running
@@ -189,7 +191,12 @@ def run_smoke(
             # held, between the watch and the clean-up, or during the clean-up waits until the server is
             # stopped; only the watch, the diagnosis and an image pull are cut at once
             with guard.deferred():
-                server = _launch(request, command, log_path, _gpus(request, sampler), client, guard)
+                try:
+                    server = _launch(request, command, log_path, _gpus(request, sampler), client, guard)
+                except BaseException:
+                    if created_folder is not None:  # nothing started: no log to keep, no folder to leave
+                        shutil.rmtree(created_folder, ignore_errors=True)
+                    raise
                 tracker = PhaseTracker(vocab)
                 follower = FileFollower(log_path)
                 try:
