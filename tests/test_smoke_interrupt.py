@@ -196,7 +196,7 @@ def test_ctrl_c_during_the_clean_up_waits_for_it_and_the_server_is_gone(tmp_path
     tag = f"bwstack-test-stubborn-{uuid.uuid4().hex[:8]}"
     command = shlex.join([sys.executable, "-c", STUBBORN.format(tag=tag)])
     args = [
-        "--command", command, "--port", str(free_port()), "--stall-timeout", "1", "--grace", "3",
+        "--command", command, "--port", str(free_port()), "--stall-timeout", "1", "--grace", "4",
         "--log", str(tmp_path / "s.log"),
     ]  # fmt: skip
     code, stderr, left = _run_and_collect(args, tag, "smoke: stopping pid", signal.SIGINT, 1.0)
