@@ -197,9 +197,9 @@ def run_smoke(
                     if created_folder is not None:  # nothing started: no log to keep, no folder to leave
                         shutil.rmtree(created_folder, ignore_errors=True)
                     raise
-                tracker = PhaseTracker(vocab)
-                follower = FileFollower(log_path)
-                try:
+                try:  # from here on, whatever happens, the server is stopped
+                    tracker = PhaseTracker(vocab)
+                    follower = FileFollower(log_path)
                     with guard.interruptible():
                         watcher = Watcher(
                             server,
