@@ -4,6 +4,7 @@ image's server), run through the Docker SDK with host networking on a free port.
 from __future__ import annotations
 
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import psutil
 import pytest
-from emulator.support import DEMO_SERVER, free_port, sigterm_smoke_when
+from emulator.support import DEMO_SERVER, free_port, signal_smoke_when
 
 from bwstack.errors import DockerError
 from verify.smoke import SmokeRequest, run_smoke
@@ -124,7 +125,7 @@ def test_sigterm_to_smoke_removes_the_container(demo_image: str, docker_client: 
         "--log", str(tmp_path / "s.log"),
     ]  # fmt: skip
     try:
-        code, stderr = sigterm_smoke_when(args, "smoke: phase shards-loaded")
+        code, stderr = signal_smoke_when(args, "smoke: phase shards-loaded", signal.SIGTERM)
         left = smoke_containers(docker_client, port)
     finally:
         for container in smoke_containers(docker_client, port):  # not for the next run to find

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -14,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from emulator.support import free_port, processes_mentioning
+from emulator.support import free_port, processes_mentioning, signal_smoke_when
 
 from verify.smoke import SmokeInterrupted
 from verify.smoke.interrupt import TerminationGuard
@@ -130,54 +129,6 @@ STUBBORN = (  # a server that ignores SIGTERM and says one line, then sleeps: a 
     "print('stubborn up', flush=True); time.sleep(300)  # {tag}"
 )
 SLEEPY = "import sys, time; print('sleepy up', flush=True); time.sleep(300)  # {tag}"
-
-
-def _default_signals() -> None:  # a test run from a non-interactive shell may hand SIGINT on ignored
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
-def signal_smoke_when(
-    args: list[str], marker: str, signum: signal.Signals, *, delay_s: float = 0.0, timeout_s: float = 45.0
-) -> tuple[int, str]:
-    """Run `invoke smoke ARGS`, send it `signum` `delay_s` after `marker` shows on its stderr, wait for it:
-    its exit status and its stderr."""
-    smoke = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "smoke", *args],
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        preexec_fn=_default_signals,
-    )
-    lines: list[str] = []
-    seen = threading.Event()
-
-    def read() -> None:
-        assert smoke.stderr is not None
-        for line in smoke.stderr:
-            lines.append(line)
-            if marker in line:
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not seen.wait(0.05):
-            if smoke.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{marker!r} never came: {''.join(lines)}")
-        time.sleep(delay_s)
-        smoke.send_signal(signum)
-        code = smoke.wait(timeout=timeout_s)
-    finally:
-        if smoke.poll() is None:
-            smoke.kill()
-            smoke.wait()
-    reader.join(5.0)
-    return code, "".join(lines)
 
 
 def _run_and_collect(args: list[str], tag: str, marker: str, signum: signal.Signals, delay_s: float) -> tuple:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from emulator.support import emulator_command, free_port, processes_mentioning, sigterm_smoke_when
+from emulator.support import emulator_command, free_port, processes_mentioning, signal_smoke_when
 
 REPO = Path(__file__).resolve().parent.parent
 REQUIRED = ("verdict", "phase", "elapsed_s", "listening_after_s", "ready_after_s", "diagnosis", "log_tail", "processes")
@@ -129,7 +130,7 @@ def test_sigterm_to_smoke_stops_the_server_before_smoke_exits(tmp_path: Path) ->
     command = shlex.join(emulator_command(port, "incident"))
     args = ["--command", command, "--port", str(port), "--stall-timeout", "60", "--log", str(tmp_path / "s.log")]
     try:
-        code, stderr = sigterm_smoke_when(args, "smoke: phase shards-loaded")
+        code, stderr = signal_smoke_when(args, "smoke: phase shards-loaded", signal.SIGTERM)
         left = [p for p in processes_mentioning(f"--port {port}") if "sglang_emulator.py" in str(p.info["cmdline"])]
     finally:
         for process in processes_mentioning(f"--port {port}"):  # whatever a failed run left: not for the next

@@ -43,8 +43,15 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-def sigterm_smoke_when(args: list[str], marker: str, *, timeout_s: float = 30.0) -> tuple[int, str]:
-    """Run `invoke smoke ARGS`, send it SIGTERM once `marker` shows on its stderr, and wait for it to end:
+def _default_signals() -> None:  # a test run from a non-interactive shell may hand SIGINT on ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def signal_smoke_when(
+    args: list[str], marker: str, signum: signal.Signals, *, delay_s: float = 0.0, timeout_s: float = 45.0
+) -> tuple[int, str]:
+    """Run `invoke smoke ARGS`, send it `signum` `delay_s` after `marker` shows on its stderr, wait for it:
     its exit status and its stderr. The marker must come within `timeout_s`."""
     smoke = subprocess.Popen(
         [sys.executable, "-m", "invoke", "smoke", *args],
@@ -54,6 +61,7 @@ def sigterm_smoke_when(args: list[str], marker: str, *, timeout_s: float = 30.0)
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "COLUMNS": "200"},
+        preexec_fn=_default_signals,
     )
     lines: list[str] = []
     seen = threading.Event()
@@ -72,7 +80,8 @@ def sigterm_smoke_when(args: list[str], marker: str, *, timeout_s: float = 30.0)
         while not seen.wait(0.05):
             if smoke.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"{marker!r} never came: {''.join(lines)}")
-        smoke.send_signal(signal.SIGTERM)
+        time.sleep(delay_s)
+        smoke.send_signal(signum)
         code = smoke.wait(timeout=timeout_s)
     finally:
         if smoke.poll() is None:
