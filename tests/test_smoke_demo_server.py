@@ -34,11 +34,12 @@ def _alive(processes: list[psutil.Process]) -> list[int]:
 
 
 def _sleeping(processes: list[psutil.Process]) -> int:
-    """How many of the processes are `sleep` (a process may exit while we look: it does not count)."""
+    """How many of the processes are a rank's long `sleep 3600` (the short sleeps between bar updates come
+    and go, and a process may exit while we look: neither counts)."""
     count = 0
     for process in processes:
         with contextlib.suppress(psutil.Error):
-            count += process.name() == "sleep"
+            count += process.cmdline()[-2:] == ["sleep", "3600"] and process.status() != psutil.STATUS_ZOMBIE
     return count
 
 
