@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -134,11 +135,18 @@ def read_source_entries(source: elf.Source, *, kernels: bool = False) -> list[Fa
 
 def _walk(source: elf.Source, start: int, end: int) -> list[FatbinEntry]:
     entries: list[FatbinEntry] = []
+    for _pos, body, body_end in _containers(source, start, end):
+        entries.extend(_entries(source, body, body_end))
+    return entries
+
+
+def _containers(source: elf.Source, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """Each container of a fatbin section as (start, body start, body end), checked, back to back."""
     pos = start
     while pos < end:
         if end - pos < _CONTAINER.size or source.read(pos, 4) == b"\0\0\0\0":
             _expect_padding(source, pos, end)
-            break
+            return
         magic, _version, header_size, size = _CONTAINER.unpack(source.read(pos, _CONTAINER.size))
         if magic != CONTAINER_MAGIC:
             raise FatbinError(f"{source.label}: bad fatbin magic {magic:#x} at offset {pos}")
@@ -149,9 +157,20 @@ def _walk(source: elf.Source, start: int, end: int) -> list[FatbinEntry]:
             raise FatbinError(
                 f"{source.label}: fatbin container at offset {pos} claims {size} bytes, past its section's end"
             )
-        entries.extend(_entries(source, body, body_end))
+        yield pos, body, body_end
         pos = body_end  # header_size >= 16, so every step moves forward
-    return entries
+
+
+def read_containers(path: Path) -> list[tuple[int, bytes]]:
+    """Every container of the file's fatbin, header included, as (file offset, bytes): what the CUDA
+    driver's cuModuleLoadData takes. Reads the containers' bytes (device code), unlike read_entries."""
+    with elf.open_file(Path(path)) as source:
+        section = elf.find_section(elf.read_sections(source), *FATBIN_SECTIONS)
+        if section is None:
+            return []
+        elf.check_range(source, section.offset, section.size, f"section {section.name}")
+        spans = list(_containers(source, section.offset, section.offset + section.size))
+        return [(pos, source.read(pos, end - pos)) for pos, _body, end in spans]
 
 
 def _expect_padding(source: elf.Source, pos: int, end: int) -> None:

@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import struct
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bwstack.errors import BwstackError, FatbinError
+from bwstack.errors import BwstackError
 from recipes.archs import CC
-from verify import elf
 from verify.compat import Runs, best_runs
-from verify.fatbin import CONTAINER_MAGIC, FATBIN_SECTIONS, read_entries
+from verify.fatbin import read_containers, read_entries
 
-_CONTAINER = struct.Struct("<IHHQ")
 CUDA_SUCCESS = 0
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
 _CC_MAJOR, _CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
@@ -42,20 +39,7 @@ class Container:
 
 def containers(path: Path) -> list[Container]:
     """Every container of the file's fatbin section, header included (what cuModuleLoadData accepts)."""
-    with elf.open_file(path) as source:
-        section = elf.find_section(elf.read_sections(source), *FATBIN_SECTIONS)
-        if section is None:
-            return []
-        found, pos, end = [], section.offset, section.offset + section.size
-        while end - pos >= _CONTAINER.size:
-            magic, _version, header_size, size = _CONTAINER.unpack(source.read(pos, _CONTAINER.size))
-            if magic != CONTAINER_MAGIC:
-                break  # zero padding after the last container
-            if header_size < _CONTAINER.size or pos + header_size + size > end:
-                raise FatbinError(f"{path}: fatbin container at offset {pos} is malformed")
-            found.append(Container(pos, source.read(pos, header_size + size)))
-            pos += header_size + size
-        return found
+    return [Container(offset, data) for offset, data in read_containers(path)]
 
 
 class CudaDriver:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from bwstack.errors import FatbinError
+from verify.fatbin import CONTAINER_MAGIC
 
-CONTAINER_PREFIX = struct.pack("<IHH", 0xBA55ED50, 1, 16)  # magic, version 1, header size 16
+CONTAINER_PREFIX = struct.pack("<IHH", CONTAINER_MAGIC, 1, 16)  # magic, version 1, header size 16
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY_PREFIX = struct.Struct("<HHIQ")  # kind, pad, header size, payload size
 ENTRY_WINDOW = 64  # the walk reads the first 64 bytes of every entry header
