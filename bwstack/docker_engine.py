@@ -7,6 +7,11 @@ from typing import Any
 from bwstack.errors import DockerError
 
 
+def first_line(error: BaseException) -> str:
+    """An SDK error as one short line (its text can be empty or span a whole HTTP response)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
 def connect(client: Any | None = None, *, timeout: int = 120) -> Any:
     """`client` if given (tests pass their own), else one from the environment (DOCKER_HOST or the local
     socket); either way pinged, so an engine that is down fails here with one line, not mid-build."""
@@ -18,9 +23,8 @@ def connect(client: Any | None = None, *, timeout: int = 120) -> Any:
         client = client or docker.from_env(timeout=timeout)
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise DockerError(
-            f"Docker engine unreachable: {first}",
+            f"Docker engine unreachable: {first_line(error)}",
             remedy="start dockerd (systemctl start docker) or set DOCKER_HOST",
         ) from None
     return client

@@ -24,6 +24,7 @@ import requests.exceptions
 from rich.console import Console
 
 from bwstack.docker_engine import connect as connect_engine
+from bwstack.docker_engine import first_line
 from bwstack.errors import DockerError, LoaderProbeError, SourceError
 from bwstack.report import Check, Report, Status
 from images.build_errors import classify_failure
@@ -155,7 +156,7 @@ def stream_build(client: Any, rendered: RenderedImage, build_args: dict[str, str
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         if isinstance(error, BuildFailed):
             raise
-        raise DockerError(f"Docker build request failed: {str(error).splitlines()[0][:300]}") from None
+        raise DockerError(f"Docker build request failed: {first_line(error)}") from None
     return log
 
 
@@ -317,7 +318,7 @@ def _push(client: Any, tags: list[str], arch: str, report: Report, progress: Pro
                     error = str(event["error"]).strip()
                     break
         except (docker.errors.DockerException, requests.exceptions.RequestException) as failure:
-            error = str(failure).splitlines()[0][:300]
+            error = first_line(failure)
         if error:
             report.add(
                 Check(

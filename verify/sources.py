@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from bwstack.docker_engine import connect
+from bwstack.docker_engine import connect, first_line
 from bwstack.errors import DockerError, FatbinError, SourceError
 from verify.fatbin import FatbinEntry, read_entries, read_source_entries
 from verify.stream_capture import WindowMiss, capture
@@ -149,7 +149,7 @@ def open_image(ref: str, *, import_name: str, client: object | None = None) -> I
     except docker.errors.ImageNotFound:
         raise SourceError(f"image {ref!r} not found locally", remedy=f"docker pull {ref}, or build it first") from None
     except docker.errors.APIError as error:
-        raise DockerError(f"image {ref!r}: {_first_line(error)}") from None
+        raise DockerError(f"image {ref!r}: {first_line(error)}") from None
     # A command is required to create a container from a FROM-scratch image with no CMD; it never runs.
     container = client.containers.create(ref, command=["/bwstack-never-started"], network_disabled=True)
     try:
@@ -215,7 +215,3 @@ class _ChunkStream(io.RawIOBase):
         buffer[:count] = self._pending[:count]
         self._pending = self._pending[count:]
         return count
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
