@@ -111,6 +111,15 @@ class _Run:
             self.stopped_at = name
         return ok
 
+    def attempt(self, name: str, action: Callable[[], Report], *, note: str = "") -> Report | None:
+        """Run one stage and fold it in; its report if it passed, None if provisioning stops here."""
+        try:
+            result = action()
+        except BwstackError as error:
+            self.stage(name, None, error=error)
+            return None
+        return result if self.stage(name, result, note=note) else None
+
     def skip_rest(self, after: str) -> None:
         for name in STAGES[STAGES.index(after) + 1 :]:
             if name in self.report.data.get("stages", {}) or (name == "build" and not self.report.data["demo"]):
@@ -138,12 +147,8 @@ def run_provision(
 
     if request.demo:
         say("provision: build (the demo image, verify-gated)")
-        try:
-            built = _build_demo(request, docker_client)
-        except BwstackError as error:
-            run.stage("build", None, error=error)
-            return _finish(run)
-        if not run.stage("build", built):
+        built = run.attempt("build", lambda: _build_demo(request, docker_client))
+        if built is None:
             return _finish(run)
         image = built.data["images"][0]["tags"][0]
         report.data["image"] = image
@@ -152,63 +157,57 @@ def run_provision(
     model = request.model.resolve() if request.model else None
 
     say("provision: preflight (node, host, model)")
-    try:
-        preflight = run_preflight(
-            _preflight_request(request, recipe.name, model), nvml=nvml, **(preflight_options or {})
-        )
-    except BwstackError as error:
-        run.stage("preflight", None, error=error)
-        return _finish(run)
-    if not run.stage("preflight", preflight):
+    preflight = run.attempt(
+        "preflight",
+        lambda: run_preflight(_preflight_request(request, recipe.name, model), nvml=nvml, **(preflight_options or {})),
+    )
+    if preflight is None:
         return _finish(run)
 
     archs, unknown = _node_archs(preflight, request.demo)
+    names = ", ".join(a.name for a in archs)
     report.data["verified_for"] = [a.name for a in archs]
-    say(f"provision: verify {image} for {', '.join(a.name for a in archs) or 'no GPU'}")
+    say(f"provision: verify {image} for {names or 'no GPU'}")
     import_name = recipe.sgl_kernel.import_name if recipe.sgl_kernel else "sgl_kernel"
-    try:
+
+    def verify_stage() -> Report:
         if not archs:
             raise BwstackError(
                 f"no GPU compute capability to verify for ({', '.join(unknown) or 'NVML found no GPUs'})"
             )
         with sources.open_image(image, import_name=import_name, client=docker_client) as tree:
             verdict = verify_tree(tree, archs, import_name=import_name)
-    except BwstackError as error:
-        run.stage("verify", None, error=error)
-        return _finish(run)
-    for cc in unknown:
-        verdict.add(
-            Check(
-                f"gpu {cc}",
-                Status.FAIL,
-                f"GPU of CC {cc} is not in bwstack's arch table",
-                remedy="add it to recipes/archs.py",
+        for cc in unknown:
+            verdict.add(
+                Check(
+                    f"gpu {cc}",
+                    Status.FAIL,
+                    f"GPU of CC {cc} is not in bwstack's arch table",
+                    remedy="add it to recipes/archs.py",
+                )
             )
-        )
-    names = ", ".join(a.name for a in archs)
+        return verdict
+
     note = f"{names}: the demo's arch, no GPU asked" if request.demo else f"{names}: the GPUs on this node"
-    if not run.stage("verify", verdict, note=note):
+    if run.attempt("verify", verify_stage, note=note) is None:
         return _finish(run)
 
     say("provision: smoke (start the server with the model, probe it)")
-    try:
-        smoke = run_smoke(
-            SmokeRequest(
-                image=image,
-                model=model,
-                recipe=recipe.name,
-                port=request.port,
-                startup_timeout_s=request.startup_timeout_s,
-                stall_timeout_s=request.stall_timeout_s,
-                gpus="none" if request.demo else "auto",
-                log_path=request.smoke_log,
-            ),
-            progress=say,
+
+    def smoke_stage() -> Report:
+        smoke_request = SmokeRequest(  # built inside the stage: its own checks are this stage's errors
+            image=image,
+            model=model,
+            recipe=recipe.name,
+            port=request.port,
+            startup_timeout_s=request.startup_timeout_s,
+            stall_timeout_s=request.stall_timeout_s,
+            gpus="none" if request.demo else "auto",
+            log_path=request.smoke_log,
         )
-    except BwstackError as error:
-        run.stage("smoke", None, error=error)
-        return _finish(run)
-    run.stage("smoke", smoke)
+        return run_smoke(smoke_request, progress=say)
+
+    run.attempt("smoke", smoke_stage)
     return _finish(run)
 
 
