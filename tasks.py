@@ -408,7 +408,6 @@ def provision(
     import dataclasses
     from pathlib import Path
 
-    from bwstack.errors import BwstackError
     from verify.provision import ProvisionRequest, run_provision
 
     port_number = optional_number("--port", port, int, minimum=1)
