@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from bwstack import REPORT_SCHEMA_VERSION, __version__
 from bwstack.errors import ReportError
 
 
@@ -118,11 +119,13 @@ class Report:
         return [c for c in self.checks if c.status is Status.FAIL]
 
     def to_dict(self) -> dict[str, Any]:
-        reserved = {"kind", "subject", "ok", "checks"}
+        reserved = {"kind", "subject", "ok", "checks", "bwstack_version", "schema_version"}
         clash = reserved & self.data.keys()
         if clash:
             raise ValueError(f"report data may not use reserved keys {sorted(clash)}")
         return {
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "bwstack_version": __version__,
             "kind": self.kind,
             "subject": self.subject,
             "ok": self.ok,
@@ -143,6 +146,8 @@ class Report:
             skipped=str(sum(c.status is Status.SKIP for c in self.checks)),
             errors="0",
         )
+        properties = ET.SubElement(suite, "properties")
+        ET.SubElement(properties, "property", name="bwstack_version", value=__version__)
         for check in self.checks:
             case = ET.SubElement(suite, "testcase", classname=_text(f"bwstack.{self.kind}"), name=_text(check.name))
             body = json.dumps({"evidence": check.evidence, "remedy": check.remedy}, default=str)  # ASCII-escaped

@@ -12,9 +12,7 @@ import io
 import re
 import tarfile
 import time
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +24,15 @@ from rich.console import Console
 from bwstack.docker_engine import connect as connect_engine
 from bwstack.docker_engine import first_line
 from bwstack.errors import DockerError, LoaderProbeError, SourceError
+from bwstack.images.build_errors import classify_failure
+from bwstack.images.build_log import StepLog
+from bwstack.images.render import IMAGES_DIR, RenderedImage
+from bwstack.images.sizing import size_build_jobs
 from bwstack.report import Check, Report, Status
-from images.build_errors import classify_failure
-from images.render import REPO_ROOT, RenderedImage
-from verify import sources
-from verify.verify import verify_tree
+from bwstack.verify import sources
+from bwstack.verify.verify import verify_tree
 
-GB = 1 << 30
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # RUN output may carry colour codes; logs and findings do not
-NVCC_GB_PER_THREAD = 4  # FIELD-NOTES 4: 3-5 GB per nvcc thread; size for the middle
-
-
-def size_build_jobs(ram_bytes: int, cpus: int, nvcc_threads: int) -> int:
-    """MAX_JOBS such that MAX_JOBS x NVCC_THREADS x 4 GB fits in RAM (and no more jobs than CPUs)."""
-    by_ram = ram_bytes // (NVCC_GB_PER_THREAD * GB * max(1, nvcc_threads))
-    return max(1, min(cpus, by_ram))
-
-
-@dataclass
-class StepLog:
-    """What the build stream said, step by step."""
-
-    total: int = 0
-    current: int = 0
-    instruction: str = ""
-    cached: int = 0
-    run: int = 0
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=30))
-    image_id: str | None = None
 
 
 class Progress:
@@ -125,7 +104,7 @@ def build_context(rendered: RenderedImage) -> io.BytesIO:
         info.size, info.mode = len(data), 0o644
         tar.addfile(normalise(info), io.BytesIO(data))
         for name, source in sorted(rendered.context_files.items()):
-            path = Path(source) if Path(source).is_absolute() else REPO_ROOT / source
+            path = Path(source) if Path(source).is_absolute() else IMAGES_DIR / source
             _add_sorted(tar, path, name, normalise)
     buffer.seek(0)
     return buffer
@@ -349,8 +328,8 @@ def build_images(
     """`invoke build`: render, build, verify-gate and tag the recipe for each arch; one report for all."""
     import psutil
 
-    from images.render import default_build_args, render
-    from recipes.recipe import load_recipe
+    from bwstack.images.render import default_build_args, render
+    from bwstack.recipes.recipe import load_recipe
 
     recipe = load_recipe(recipe_name)
     renders = [render(recipe, text, repo=repo) for text in arch_texts]  # bad input fails before any build

@@ -9,15 +9,13 @@ credentials or tag: the surroundings, exit 2), a compile killed by the kernel's 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bwstack.images.build_log import StepLog
+from bwstack.images.render import RenderedImage
+from bwstack.images.sizing import GB, NVCC_GB_PER_THREAD, jobs_that_fit
 from bwstack.report import Check, Status
-from images.render import RenderedImage
 
-if TYPE_CHECKING:
-    from images.build import StepLog
-
-GB = 1 << 30
 _EXIT_CODE = re.compile(r"returned a non-zero code: (\d+)")
 _PULL_SIGNS = (
     "pull access denied",
@@ -69,8 +67,8 @@ def classify_failure(
         jobs = int(build_args.get("MAX_JOBS", "1"))
         threads = int(build_args.get("NVCC_THREADS", "1"))
         ram = _host_ram(client)
-        need_gb = jobs * threads * 4
-        lower = max(1, (ram // GB) // (4 * threads)) if ram else max(1, jobs // 2)
+        need_gb = jobs * threads * NVCC_GB_PER_THREAD
+        lower = jobs_that_fit(ram, threads) if ram else max(1, jobs // 2)
         return Check(
             f"{arch} build",
             Status.FAIL,

@@ -18,11 +18,14 @@ from typing import Any
 import jinja2
 
 from bwstack.errors import RenderError
-from recipes.archs import Arch
-from recipes.recipe import Recipe
+from bwstack.recipes.archs import Arch
+from bwstack.recipes.recipe import Recipe
+from bwstack.templating import strict_environment
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# Package data of the images stage (templates, the demo stack's server and packages): found beside this
+# module both in a checkout and in an installed wheel.
+IMAGES_DIR = Path(__file__).resolve().parent
 LABEL_PREFIX = "io.bwstack"
 
 
@@ -91,13 +94,7 @@ def check_repository(repo: str) -> None:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=False,
-        autoescape=False,  # Dockerfiles, not HTML
-    )
+    env = strict_environment(TEMPLATES_DIR)
 
     @jinja2.pass_context
     def partial(context: jinja2.runtime.Context, name: str, **extra: Any) -> str:
@@ -140,7 +137,7 @@ def content_digest(recipe: Recipe, arch: Arch, context_files: dict[str, str] | N
         digest.update(path.relative_to(TEMPLATES_DIR).as_posix().encode())
         digest.update(path.read_bytes())
     for name, shown in sorted((context_files or {}).items()):
-        root = Path(shown) if Path(shown).is_absolute() else REPO_ROOT / shown
+        root = Path(shown) if Path(shown).is_absolute() else IMAGES_DIR / shown
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
         for path in files:
             if "__pycache__" in path.parts:
@@ -218,8 +215,8 @@ def _context_files(recipe: Recipe) -> dict[str, str]:
     if recipe.demo is None:
         return {}
     wanted = {
-        "package": REPO_ROOT / "tests" / "fixtures" / "packages" / recipe.demo.package,
-        "server": REPO_ROOT / recipe.demo.server,
+        "package": IMAGES_DIR / "demo" / "packages" / recipe.demo.package,
+        "server": IMAGES_DIR / recipe.demo.server,
         "busybox": Path(recipe.demo.busybox),
     }
     for name, path in wanted.items():
@@ -230,8 +227,9 @@ def _context_files(recipe: Recipe) -> dict[str, str]:
 
 
 def _shown(path: Path) -> str:
-    """Repo paths are recorded relative to the repo, so build.json is the same in every clone."""
-    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
+    """Package data is recorded relative to the images stage, so build.json is the same in every clone and
+    every installation."""
+    return path.relative_to(IMAGES_DIR).as_posix() if path.is_relative_to(IMAGES_DIR) else str(path)
 
 
 def write(rendered: RenderedImage, out: Path) -> Path:

@@ -1,6 +1,6 @@
 """WHAT to build: recipe loading/validation and the one table of GPU architectures."""
 
-from recipes.archs import ARCHS, Arch, arch_for_cc, parse_arch
-from recipes.recipe import Recipe, available_recipes, load_recipe
+from bwstack.recipes.archs import ARCHS, Arch, arch_for_cc, parse_arch
+from bwstack.recipes.recipe import Recipe, available_recipes, load_recipe
 
 __all__ = ["ARCHS", "Arch", "Recipe", "arch_for_cc", "available_recipes", "load_recipe", "parse_arch"]

@@ -1,6 +1,6 @@
 """The one table of GPU architectures. Render and verify both read it; a GPU fact lives only here.
 
-Facts from ../shared/docs/FIELD-NOTES.md sections 1-2 (NVIDIA's compatibility rules, ptxas-measured
+Facts from docs/facts.md sections 1-2 (NVIDIA's compatibility rules, ptxas-measured
 family membership). `build_target` is what bwstack compiles for when a recipe asks for that arch:
 arch-specific (`a`) where the kernels need the arch's special instructions (wgmma, tcgen05, ...),
 family (`f`) where the family runs one binary across several CCs.

@@ -22,7 +22,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from bwstack.errors import ArchError, RecipeError
-from recipes.archs import Arch, parse_arch
+from bwstack.recipes.archs import Arch, parse_arch
 
 RECIPES_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 1
@@ -74,9 +74,9 @@ class SglangSpec:
 class DemoSpec:
     """A stand-in stack that builds anywhere Docker runs: FROM scratch, busybox and a fixture package."""
 
-    package: str  # folder under tests/fixtures/packages holding an sgl_kernel-shaped package
+    package: str  # folder under images/demo/packages holding an sgl_kernel-shaped package
     busybox: str = "/bin/busybox"  # a statically linked busybox (Debian's busybox-static)
-    server: str = "images/demo/server"
+    server: str = "demo/server"  # under the images stage's package data
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures"
-
 
 def _require_docker() -> bool:
     return os.environ.get("BWSTACK_REQUIRE_DOCKER") == "1"

@@ -1,4 +1,4 @@
-"""Which fatbin entry runs on which GPU: NVIDIA's rules (FIELD-NOTES.md section 2) as one table.
+"""Which fatbin entry runs on which GPU: NVIDIA's rules (docs/facts.md section 2) as one table.
 
 `runs_on(entry, cc)` answers for one entry; `best_runs(entries, cc)` for a whole binary, choosing
 the way the driver does: any compatible cubin beats PTX, and PTX is JIT-compiled only when no cubin
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from recipes.archs import CC, arch_for_cc
-from verify.fatbin import FatbinEntry
+from bwstack.recipes.archs import CC, arch_for_cc
+from bwstack.verify.fatbin import FatbinEntry
 
 
 class Runs(StrEnum):

@@ -1,6 +1,6 @@
 """List the device code in a CUDA binary by reading fatbin headers, never the code itself.
 
-Layout (FIELD-NOTES.md section 3): the ELF section `.nv_fatbin` (else `__nv_relfatbin`, as cuobjdump
+Layout (docs/facts.md section 3): the ELF section `.nv_fatbin` (else `__nv_relfatbin`, as cuobjdump
 chooses) holds containers back to back; each container holds entries, each a variable-size header
 followed by its payload (a cubin, PTX text or LTO-IR, possibly LZ4/ZSTD-compressed). Listing archs
 reads ~100 bytes per entry with os.pread, so a 1 GB .so costs a few hundred small reads.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from bwstack.errors import FatbinError
-from verify import elf, lz4
+from bwstack.verify import elf, lz4
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")  # cuobjdump's default preference
 CONTAINER_MAGIC = 0xBA55ED50
@@ -183,7 +183,7 @@ def _expect_padding(source: elf.Source, pos: int, end: int) -> None:
 
 
 class _Header(NamedTuple):
-    """The first 64 bytes of an entry header (FIELD-NOTES.md section 3), unused fields included."""
+    """The first 64 bytes of an entry header (docs/facts.md section 3), unused fields included."""
 
     kind: int
     pad: int

@@ -7,7 +7,7 @@ GPU's compute capability. The driver is reached through ctypes on libcuda.so.1 (
 so nothing needs installing on a bare GPU machine); this module is that seam, and nothing else in bwstack
 calls the CUDA driver.
 
-    python -m verify.gpu_truth [--out DIR] [FILE_OR_FOLDER ...]    # default: tests/fixtures
+    python -m bwstack.verify.gpu_truth [--out DIR] FILE_OR_FOLDER ...
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bwstack.errors import BwstackError
-from recipes.archs import CC
-from verify.compat import Runs, best_runs
-from verify.fatbin import read_containers, read_entries
+from bwstack.recipes.archs import CC
+from bwstack.verify.compat import Runs, best_runs
+from bwstack.verify.fatbin import read_containers, read_entries
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
@@ -119,7 +119,7 @@ def compare(path: Path, cc: CC, load: object) -> list[Comparison]:
 
 
 def _targets(paths: list[str]) -> list[Path]:
-    roots = [Path(p) for p in paths] or [Path(__file__).resolve().parent.parent / "tests" / "fixtures"]
+    roots = [Path(p) for p in paths]
     found: list[Path] = []
     for root in roots:
         found += sorted(p for p in root.rglob("*.so")) if root.is_dir() else [root]
@@ -128,7 +128,7 @@ def _targets(paths: list[str]) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="*", help=".so files or folders (default: tests/fixtures)")
+    parser.add_argument("paths", nargs="+", help=".so files or folders to check (every .so below a folder)")
     parser.add_argument("--out", type=Path, help="write gpu-truth.json into this folder")
     options = parser.parse_args(argv)
     try:

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from bwstack.errors import LoaderProbeError
-from recipes.archs import CC
+from bwstack.recipes.archs import CC
 
 RESULT_MARKER = "BWSTACK-PROBE-RESULT "
 PROBE_TOKEN = "BWSTACK_PROBE_TOKEN"  # marks every process a probe starts, even one that leaves the session

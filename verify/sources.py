@@ -28,8 +28,8 @@ from pathlib import Path, PurePosixPath
 
 from bwstack.docker_engine import connect, first_line
 from bwstack.errors import DockerError, FatbinError, SourceError
-from verify.fatbin import FatbinEntry, read_entries, read_source_entries
-from verify.stream_capture import WindowMiss, capture
+from bwstack.verify.fatbin import FatbinEntry, read_entries, read_source_entries
+from bwstack.verify.stream_capture import WindowMiss, capture
 
 _CHUNK = 1 << 20
 _SHARED_OBJECT_SUFFIXES = (".so",)

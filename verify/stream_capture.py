@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from bwstack.errors import FatbinError
-from verify.fatbin import CONTAINER_MAGIC
+from bwstack.verify.fatbin import CONTAINER_MAGIC
 
 CONTAINER_PREFIX = struct.pack("<IHH", CONTAINER_MAGIC, 1, 16)  # magic, version 1, header size 16
 _CONTAINER = struct.Struct("<IHHQ")

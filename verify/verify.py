@@ -14,12 +14,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bwstack.errors import FatbinError, SourceError
+from bwstack.recipes.archs import ARCHS, Arch, parse_arch
 from bwstack.report import Check, Report, Status
-from recipes.archs import ARCHS, Arch, parse_arch
-from verify import sources
-from verify.compat import Runs, best_runs
-from verify.fatbin import FatbinEntry
-from verify.loader_probe import LoaderResult, RunningProbe
+from bwstack.verify import sources
+from bwstack.verify.compat import Runs, best_runs
+from bwstack.verify.fatbin import FatbinEntry
+from bwstack.verify.loader_probe import LoaderResult, RunningProbe
 
 
 @dataclass(frozen=True)

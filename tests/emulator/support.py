@@ -9,13 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
-EMULATOR = Path(__file__).resolve().parent / "sglang_emulator.py"
-DEMO_SERVER = Path(__file__).resolve().parents[2] / "images" / "demo" / "server"
+from tests.paths import EMULATOR, REPO
+
+DEMO_SERVER = REPO / "images" / "demo" / "server"
 
 
 def free_port() -> int:

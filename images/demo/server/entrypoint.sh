@@ -1,6 +1,6 @@
 #!/bin/sh
 # A stand-in SGLang server for images that must build anywhere (FROM scratch + static busybox): it prints
-# SGLang's start-up log (FIELD-NOTES.md section 5: ServerArgs, per-rank lines with `[time TPn]` prefixes,
+# SGLang's start-up log (docs/facts.md section 5: ServerArgs, per-rank lines with `[time TPn]` prefixes,
 # carriage-return checkpoint bars from several rank processes at once, uvicorn's lines), then serves
 # /health (503 during warm-up), /v1/models and POST /v1/completions through busybox nc + handler.sh.
 #

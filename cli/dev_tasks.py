@@ -1,0 +1,21 @@
+"""Developer tasks: lint and tests."""
+
+from __future__ import annotations
+
+import sys
+
+from bwstack.cli.program import Context, task
+
+
+@task(
+    help={
+        "args": 'extra arguments passed to pytest, e.g. "-k render -x"',
+        "lint": "run ruff check and ruff format --check first (default: on; --no-lint skips)",
+    }
+)
+def test(c: Context, args: str = "", lint: bool = True) -> None:
+    """Run ruff, then the test suite (pytest)."""
+    if lint:
+        c.run(f"{sys.executable} -m ruff check .", pty=False)
+        c.run(f"{sys.executable} -m ruff format --check .", pty=False)
+    c.run(f"{sys.executable} -m pytest {args}", pty=False)

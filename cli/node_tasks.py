@@ -1,0 +1,134 @@
+"""preflight, provision and fleet: from a bare node to one that serves the model."""
+
+from __future__ import annotations
+
+import sys
+
+from bwstack.cli.program import Context, finish, guarded, setting, task
+from bwstack.errors import BwstackError
+from bwstack.inputs import optional_number
+
+
+@task(
+    help={
+        "recipe": "recipe whose CUDA version (driver floor), archs and serve.tp the node is checked against "
+        "(default from invoke.yaml: sglang)",
+        "arch": "the GPU arch the image targets, e.g. sm120 (default: any arch the recipe builds)",
+        "tp": "tensor-parallel size: GPUs needed and the weights' split (default 0: the recipe's serve.tp)",
+        "model": "checkpoint folder to check by its headers: config, safetensors index and shards, fit in GPU memory",
+        "json": "write the report as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+        "docker": "check the Docker engine and its NVIDIA runtime/CDI spec (default: on; --no-docker skips)",
+    }
+)
+@guarded
+def preflight(
+    c: Context,
+    recipe: str | None = None,
+    arch: str | None = None,
+    tp: str | None = None,
+    model: str | None = None,
+    json: str | None = None,
+    junit: str | None = None,
+    docker: bool = True,
+) -> None:
+    """Check this node (driver, GPUs, links, health, host) and a model folder before serving; exit 1 if not ready."""
+    from bwstack.nodes.preflight import request_for_recipe, run_preflight
+
+    tensor_parallel = optional_number("--tp", tp, int, minimum=1)
+    request = request_for_recipe(
+        setting(c, "recipe", recipe), arch=arch, tp=tensor_parallel, model=model, docker=docker
+    )
+    finish(run_preflight(request), json=json, junit=junit)
+
+
+@task(
+    help={
+        "image": "the image to provision with (verified against this node's GPUs, then smoke-tested)",
+        "model": "the model folder (checked by its headers, then served read-only by the smoke test)",
+        "recipe": "recipe the image was built from (serving command, CUDA version; default from invoke.yaml)",
+        "demo": "run the whole flow on the demo stack with only Docker: build, preflight, verify, smoke",
+        "port": "port the server listens on (default: the recipe's)",
+        "startup_timeout": "seconds the server may take to become ready (default 1800; demo 60)",
+        "stall_timeout": "seconds of no log, CPU or GPU progress that count as a hang (default 120; demo 20)",
+        "json": "write the report (every stage) as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+    }
+)
+@guarded
+def provision(
+    c: Context,
+    image: str | None = None,
+    model: str | None = None,
+    recipe: str | None = None,
+    demo: bool = False,
+    port: str | None = None,
+    startup_timeout: str | None = None,
+    stall_timeout: str | None = None,
+    json: str | None = None,
+    junit: str | None = None,
+) -> None:
+    """Bring up a node: preflight, verify the image for this node's GPUs, smoke-test it; one report."""
+    import dataclasses
+    from pathlib import Path
+
+    from bwstack.nodes.provision import ProvisionRequest, run_provision
+
+    port_number = optional_number("--port", port, int, minimum=1)
+    if demo:
+        request = ProvisionRequest.for_demo(port=port_number, repo=setting(c, "repo", None))
+    elif not image or not model:
+        raise BwstackError("provision needs --image REF and --model DIR (or --demo)")
+    else:
+        request = ProvisionRequest(image, Path(model), setting(c, "recipe", recipe), port=port_number)
+    timeouts = {
+        "startup_timeout_s": optional_number("--startup-timeout", startup_timeout, float, minimum=1),
+        "stall_timeout_s": optional_number("--stall-timeout", stall_timeout, float, minimum=1),
+    }
+    request = dataclasses.replace(request, **{k: v for k, v in timeouts.items() if v is not None})
+    report = run_provision(request, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    finish(report, json=json, junit=junit)
+
+
+@task(
+    help={
+        "arch": "GPU arch the fleet's nodes have, e.g. sm120: picks the image and the nodes (GFD compute labels)",
+        "recipe": "recipe name under recipes/ or a path to a .toml file (default from invoke.yaml: sglang)",
+        "image": "stack image to provision (default: the content tag `invoke render` records for recipe and arch)",
+        "repo": "image repository for the default image tag (default from invoke.yaml)",
+        "model_dir": "checkpoint folder, same path on every node (default: /models/<last part of serve.model>)",
+        "runner": "image holding bwstack that runs preflight/provision in the Kubernetes pods "
+        "(default: bwstack-runner:latest)",
+        "out": "output folder; writes <out>/fleet/<recipe>-<arch>/daemonset.yaml and playbook.yml (default: build)",
+    }
+)
+@guarded
+def fleet(
+    c: Context,
+    arch: str | None = None,
+    recipe: str | None = None,
+    image: str | None = None,
+    repo: str | None = None,
+    model_dir: str | None = None,
+    runner: str | None = None,
+    out: str | None = None,
+) -> None:
+    """Render and validate a Kubernetes DaemonSet and an Ansible playbook that preflight + provision a fleet."""
+    from pathlib import Path
+
+    from bwstack.nodes.fleet import DEFAULT_RUNNER, fleet_warnings, spec_for_recipe, write_fleet
+
+    if not arch:
+        raise BwstackError("no --arch given (e.g. --arch sm120)")
+    spec = spec_for_recipe(
+        setting(c, "recipe", recipe),
+        arch=arch,
+        image=image,
+        repo=setting(c, "repo", repo),
+        model_dir=model_dir,
+        runner_image=runner or DEFAULT_RUNNER,
+    )
+    for path in write_fleet(spec, Path(setting(c, "out", out))):
+        print(path)
+    for warning in fleet_warnings(spec):
+        print(f"bwstack: warning: {warning}", file=sys.stderr)

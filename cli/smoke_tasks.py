@@ -1,0 +1,72 @@
+"""smoke: start a server, follow its phases, probe it, name a hang."""
+
+from __future__ import annotations
+
+import sys
+
+from bwstack.cli.program import Context, finish, guarded, setting, task
+
+
+@task(
+    iterable=["env"],
+    auto_shortflags=False,
+    help={
+        "command": "run this server instead of the recipe's (shlex-split, no shell: wrap in \"sh -c '...'\" for one)",
+        "model": "checkpoint folder for the recipe's server command (mounted read-only into --image)",
+        "image": "run the server in a container from this local image (host network, GPUs, host IPC)",
+        "recipe": "recipe whose serve command, port and engine are used (default from invoke.yaml: sglang)",
+        "port": "port the server listens on and smoke probes (default: the recipe's; required with --command)",
+        "host": "address to probe; the server is told to bind it (default 127.0.0.1)",
+        "startup_timeout": "seconds until a server still starting is a timeout, or unhealthy if listening "
+        "(default 1800)",
+        "stall_timeout": "seconds without log output, CPU progress or GPU activity that make a hang (default 120)",
+        "engine": "log vocabulary for phases: sglang or vllm (default: the recipe's engine, or sglang)",
+        "log": "file that receives the server's output (default: a new file under the temp folder)",
+        "json": "write the report as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+        "env": "KEY=VALUE for the server's environment (repeatable), e.g. NCCL_P2P_DISABLE=1",
+        "gpus": "containers: auto (every GPU NVML sees), all, none, or device ids 0,1 (default auto)",
+        "shm_size": "containers: /dev/shm size such as 32g instead of host IPC",
+        "grace": "seconds between SIGTERM and SIGKILL at clean-up (default 10)",
+    },
+)
+@guarded
+def smoke(
+    c: Context,
+    command: str | None = None,
+    model: str | None = None,
+    image: str | None = None,
+    recipe: str | None = None,
+    port: str | None = None,
+    host: str = "127.0.0.1",
+    startup_timeout: str = "1800",
+    stall_timeout: str = "120",
+    engine: str | None = None,
+    log: str | None = None,
+    json: str | None = None,
+    junit: str | None = None,
+    env: list[str] | None = None,
+    gpus: str = "auto",
+    shm_size: str | None = None,
+    grace: str = "10",
+) -> None:
+    """Start a server, follow its start-up phases, probe it, name a crash/hang/timeout; exit 0 only when ready."""
+    from bwstack.smoke import SmokeRequest, run_smoke
+
+    request = SmokeRequest.from_flags(
+        command=command,
+        model=model,
+        image=image,
+        recipe=setting(c, "recipe", recipe),
+        port=port,
+        host=host,
+        startup_timeout=startup_timeout,
+        stall_timeout=stall_timeout,
+        engine=engine,
+        log=log,
+        env=env,
+        gpus=gpus,
+        shm_size=shm_size,
+        grace=grace,
+    )
+    finish(run_smoke(request, progress=lambda line: print(line, file=sys.stderr, flush=True)), json=json, junit=junit)

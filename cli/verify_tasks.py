@@ -1,0 +1,51 @@
+"""verify: does the binary a package's loader picks run on each GPU?"""
+
+from __future__ import annotations
+
+from bwstack.cli.program import Context, finish, guarded, task
+from bwstack.inputs import number
+
+
+@task(
+    iterable=["arch", "require"],
+    help={
+        "arch": "GPU arch to check (repeatable): sm120, sm_121, 12.0, or all",
+        "wheel": "a wheel file to verify (.so members are streamed, never unpacked all at once)",
+        "path": "a folder to verify: site-packages, or the package folder itself",
+        "image": "a local Docker image to verify (its filesystem is exported; the image is never run)",
+        "package": "import name of the package whose loader picks the binary (default: sgl_kernel)",
+        "require": "another binary that must run too (repeatable), e.g. flash_ops; others only warn",
+        "kernels": "also list kernel names in every cubin (decompresses them; slower)",
+        "json": "write the report as JSON to this file",
+        "junit": "write the report as JUnit XML to this file",
+        "timeout": "seconds the package's loader may take per arch before it counts as hung (default 30)",
+    },
+)
+@guarded
+def verify(
+    c: Context,
+    arch: list[str],
+    wheel: str | None = None,
+    path: str | None = None,
+    image: str | None = None,
+    package: str = "sgl_kernel",
+    require: list[str] | None = None,
+    kernels: bool = False,
+    json: str | None = None,
+    junit: str | None = None,
+    timeout: str = "30",
+) -> None:
+    """Check that the binary a package's loader picks has code for each GPU arch (exit 1 if not)."""
+    from bwstack.verify.verify import open_source, parse_archs, verify_tree
+
+    archs = parse_archs(arch)
+    with open_source(wheel=wheel, path=path, image=image, import_name=package) as tree:
+        report = verify_tree(
+            tree,
+            archs,
+            import_name=package,
+            require=require or [],
+            kernels=kernels,
+            probe_timeout=number("--timeout", timeout, float, minimum=1),
+        )
+    finish(report, json=json, junit=junit)

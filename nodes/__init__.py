@@ -1,0 +1,1 @@
+"""Nodes: preflight, provision and fleet rendering; the stage that may use every other."""

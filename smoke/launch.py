@@ -1,0 +1,279 @@
+"""Start the server under test: a process in its own session and process group, or a container.
+
+Either way its output goes to one log file that logfollow reads as it grows: a process writes there
+directly (a pipe nobody drains would block the server and look like a hang); a container's stream is
+copied there by a pump thread. Containers get host networking, host IPC or a large /dev/shm (NCCL
+between ranks needs more than Docker's 64 MB), the GPUs as device requests, and the model folder
+mounted read-only at the same path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bwstack.docker_engine import connect
+from bwstack.errors import DockerError, SmokeError
+from bwstack.smoke.activity import ProcessTree
+from bwstack.smoke.cleanup import CleanupResult, stop_container, stop_process_group
+from bwstack.smoke.logfollow import StreamPump
+
+SMOKE_LABEL = "bwstack.smoke"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start and how. `image` None: a host process; otherwise a container from that image."""
+
+    argv: tuple[str, ...]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    model_dir: Path | None = None  # mounted read-only (containers)
+    gpus: str = "none"  # containers: "all", "none" or device ids "0,1"
+    shm_size: str | None = None  # containers: None means host IPC
+    name: str = "bwstack-smoke"
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    code: int | None
+    signal: int | None = None
+    oom_killed: bool = False
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"killed by {signal.Signals(self.signal).name}"
+        text = f"exited with code {self.code}"
+        if self.code is not None and self.code > 128 and (self.code - 128) in signal.valid_signals():
+            text += f" ({signal.Signals(self.code - 128).name}?)"
+        return text + (" (OOM-killed)" if self.oom_killed else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "signal": self.signal, "oom_killed": self.oom_killed, "text": self.describe()}
+
+
+class Server(Protocol):
+    """A started server, whatever runs it."""
+
+    kind: str  # "process" or "container"
+    log_path: Path
+    tree: ProcessTree
+
+    def describe(self) -> str: ...
+
+    def poll(self) -> ExitStatus | None:
+        """None while it runs; how it ended once it has."""
+        ...
+
+    def stop(self, grace_s: float) -> CleanupResult: ...
+
+
+def _truncate(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    except OSError as error:
+        raise SmokeError(
+            f"cannot write the server log {path}: {error.strerror}", remedy="pick --log elsewhere"
+        ) from None
+
+
+class ProcessServer:
+    kind = "process"
+
+    def __init__(self, popen: subprocess.Popen[bytes], spec: LaunchSpec) -> None:
+        self.popen = popen
+        self.spec = spec
+        self.log_path = spec.log_path
+        self.tree = ProcessTree(lambda: [popen.pid], session=popen.pid)
+        self.tree.refresh()
+
+    @classmethod
+    def start(cls, spec: LaunchSpec) -> ProcessServer:
+        _truncate(spec.log_path)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        with spec.log_path.open("ab") as log:
+            try:
+                popen = subprocess.Popen(
+                    list(spec.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=env,
+                )
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
+                raise SmokeError(
+                    f"cannot start {spec.argv[0]!r}: {error.strerror}", remedy="check --command or the recipe"
+                ) from None
+        try:
+            return cls(popen, spec)
+        except BaseException:  # interrupted (SIGTERM) before the caller holds the server: stop it here
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            raise
+
+    def describe(self) -> str:
+        return f"pid {self.popen.pid} (process group {self.popen.pid})"
+
+    def poll(self) -> ExitStatus | None:
+        code = self.popen.poll()
+        if code is None:
+            return None
+        return ExitStatus(code=None, signal=-code) if code < 0 else ExitStatus(code=code)
+
+    def stop(self, grace_s: float) -> CleanupResult:
+        return stop_process_group(self.popen, self.tree, grace_s)
+
+
+def docker_client() -> Any:
+    """A live Docker SDK client, or DockerError (exit 2) naming why not."""
+    return connect(timeout=60)
+
+
+def _device_requests(gpus: str) -> list[Any]:
+    from docker.types import DeviceRequest
+
+    if gpus == "none":
+        return []
+    if gpus == "all":
+        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return [DeviceRequest(device_ids=[g.strip() for g in gpus.split(",") if g.strip()], capabilities=[["gpu"]])]
+
+
+class ContainerServer:
+    kind = "container"
+
+    def __init__(self, container: Any, spec: LaunchSpec, pump: StreamPump) -> None:
+        self.container = container
+        self.spec = spec
+        self.log_path = spec.log_path
+        self.pump = pump
+        self._host_pid = int(container.attrs.get("State", {}).get("Pid") or 0)
+        self.tree = ProcessTree(lambda: [self._host_pid] if self._host_pid else [])
+        self.tree.refresh()
+
+    @classmethod
+    def start(
+        cls,
+        spec: LaunchSpec,
+        client: Any,
+        *,
+        interruptible: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> ContainerServer:
+        """Create and start the container. `interruptible` wraps the creation (it may pull the image for
+        minutes): inside smoke's deferred launch, a signal may cut that stretch, not the rest."""
+        import docker.errors
+
+        assert spec.image is not None
+        _truncate(spec.log_path)
+        options: dict[str, Any] = {
+            "detach": True,
+            "name": spec.name,
+            "network_mode": "host",
+            "init": True,  # docker-init as PID 1 forwards SIGTERM: a server as PID 1 would ignore it
+            "environment": {"PYTHONUNBUFFERED": "1", **spec.env},
+            "labels": {SMOKE_LABEL: "1"},
+            "device_requests": _device_requests(spec.gpus),
+        }
+        if spec.argv:
+            options["command"] = list(spec.argv)
+        if spec.shm_size:
+            options["shm_size"] = spec.shm_size
+        else:
+            options["ipc_mode"] = "host"
+        if spec.model_dir is not None:
+            options["volumes"] = {str(spec.model_dir): {"bind": str(spec.model_dir), "mode": "ro"}}
+        # create, then start, as `docker run` does, but in two steps: a start that fails (no NVIDIA runtime for
+        # --gpus, a bad mount) leaves a container in state Created, and it must be removed like any other
+        try:
+            with interruptible():
+                container = _create(client, spec.image, options)
+        except docker.errors.ImageNotFound:
+            raise DockerError(
+                f"image {spec.image} is not here and could not be pulled", remedy="build it (invoke build) or pull it"
+            ) from None
+        except docker.errors.APIError as error:
+            raise DockerError(f"cannot create a container from {spec.image}: {error.explanation or error}") from None
+        except docker.errors.DockerException as error:  # refused by the SDK itself: a bad option or reference
+            raise DockerError(f"cannot create a container from {spec.image}: {error}") from None
+        except BaseException:
+            _remove_named(client, spec.name)  # interrupted while the engine was creating it
+            raise
+        try:
+            container.start()
+            pump = StreamPump(container.logs(stream=True, follow=True), spec.log_path.open("ab")).start()
+            container.reload()
+            return cls(container, spec, pump)
+        except docker.errors.APIError as error:
+            _remove(container)  # never leave a container behind a failed start
+            raise DockerError(f"cannot start a container from {spec.image}: {error.explanation or error}") from None
+        except docker.errors.DockerException as error:
+            _remove(container)
+            raise DockerError(f"cannot start a container from {spec.image}: {error}") from None
+        except BaseException:
+            _remove(container)
+            raise
+
+    def describe(self) -> str:
+        return (
+            f"container {self.container.short_id} ({self.spec.name}) from {self.spec.image}, host pid {self._host_pid}"
+        )
+
+    def poll(self) -> ExitStatus | None:
+        import docker.errors
+
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return ExitStatus(code=None)
+        state = self.container.attrs.get("State", {})
+        if state.get("Status") in ("exited", "dead"):
+            self.pump.join(2.0)  # the rest of the log
+            return ExitStatus(code=state.get("ExitCode"), oom_killed=bool(state.get("OOMKilled")))
+        return None
+
+    def stop(self, grace_s: float) -> CleanupResult:
+        result = stop_container(self.container, self.tree, grace_s)
+        self.pump.join(2.0)
+        return result
+
+
+def _create(client: Any, image: str, options: dict[str, Any]) -> Any:
+    """Create (not start) a container; pull the image first when it is not here, as `docker run` does."""
+    import docker.errors
+
+    try:
+        return client.containers.create(image, **options)
+    except docker.errors.ImageNotFound:
+        client.images.pull(image)
+        return client.containers.create(image, **options)
+
+
+def _remove(container: Any) -> None:
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.remove(force=True)
+
+
+def _remove_named(client: Any, name: str) -> None:
+    """Remove the container called `name` if the engine made it (the names are unique to one run)."""
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        _remove(client.containers.get(name))
+
+
+def unique_name(port: int) -> str:
+    return f"bwstack-smoke-{port}-{os.getpid()}-{time.monotonic_ns() % 1_000_000:06d}"

@@ -1,0 +1,150 @@
+"""What a smoke run was asked to do, checked, and turned into a command line.
+
+`SmokeRequest.from_flags` takes the task's flags as strings and raises SmokeError (exit 2) for bad
+input. `resolve_command` builds the server command: `--command` as given (shlex-split, no shell), or
+the recipe's `serve_command(model_path, host=..., port=...)` with the recipe's port and engine.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from bwstack.errors import SmokeError
+from bwstack.inputs import number
+
+DEFAULT_STARTUP_TIMEOUT_S = 1800.0  # a cold 1T-parameter start can take many minutes; a hang is found sooner
+DEFAULT_STALL_TIMEOUT_S = 120.0
+DEFAULT_GRACE_S = 10.0
+_GPUS = re.compile(r"^(auto|all|none|\d+(,\d+)*)$")
+_SHM_SIZE = re.compile(r"^\d+[bkmg]?$", re.IGNORECASE | re.ASCII)  # Docker's --shm-size: bytes, or a b/k/m/g suffix
+_N = TypeVar("_N", int, float)
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    command: tuple[str, ...] | None = None
+    model: Path | None = None
+    image: str | None = None
+    recipe: str = "sglang"
+    port: int | None = None
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+    engine: str | None = None  # None: the recipe's engine, or sglang for --command
+    log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: str = "auto"  # containers: auto (all GPUs NVML sees), all, none, or ids "0,1"
+    shm_size: str | None = None  # containers: None means host IPC
+    grace_s: float = DEFAULT_GRACE_S
+    poll_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not self.command and self.model is None:
+            raise SmokeError("nothing to start: give --command CMD or --model DIR")
+        if self.command is not None and not self.command:
+            raise SmokeError("--command is empty")
+        if self.model is not None and not self.model.is_dir():
+            raise SmokeError(
+                f"model folder {self.model} does not exist", remedy="pass the checkpoint folder to --model"
+            )
+        if self.port is not None and not 0 < self.port < 65536:
+            raise SmokeError(f"--port {self.port} is not in 1..65535")
+        for name in ("startup_timeout_s", "stall_timeout_s", "grace_s", "poll_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value):  # nan <= 0 is False: a nan timeout would never end
+                raise SmokeError(f"{name} must be a finite number, not {value}")
+            if value <= 0:
+                raise SmokeError(f"{name} must be positive, not {value}")
+        if not _GPUS.match(self.gpus):
+            raise SmokeError(f"--gpus {self.gpus!r}: use auto, all, none or device ids such as 0,1")
+        if self.shm_size is not None and not (
+            _SHM_SIZE.match(self.shm_size) and int(self.shm_size.rstrip("bkmgBKMG")) > 0
+        ):
+            raise SmokeError(
+                f"--shm-size {self.shm_size!r} is not a size", remedy="give a whole number with b, k, m or g, e.g. 32g"
+            )
+
+    @classmethod
+    def from_flags(
+        cls,
+        *,
+        command: str | None,
+        model: str | None,
+        image: str | None,
+        recipe: str,
+        port: str | None,
+        host: str,
+        startup_timeout: str,
+        stall_timeout: str,
+        engine: str | None,
+        log: str | None,
+        env: list[str] | None = None,
+        gpus: str = "auto",
+        shm_size: str | None = None,
+        grace: str = str(DEFAULT_GRACE_S),
+    ) -> SmokeRequest:
+        """The task's flags (strings, as typed) to a checked request."""
+        argv: tuple[str, ...] | None = None
+        if command is not None:
+            try:
+                argv = tuple(shlex.split(command))
+            except ValueError as error:
+                raise SmokeError(f"--command {command!r} does not parse: {error}") from None
+        return cls(
+            command=argv,
+            model=Path(model).expanduser().resolve() if model else None,
+            image=image or None,
+            recipe=recipe,
+            port=_number("--port", port, int) if port not in (None, "") else None,
+            host=host,
+            startup_timeout_s=_number("--startup-timeout", startup_timeout, float),
+            stall_timeout_s=_number("--stall-timeout", stall_timeout, float),
+            engine=engine or None,
+            log_path=Path(log).expanduser().resolve() if log else None,
+            env=_env(env or []),
+            gpus=gpus,
+            shm_size=shm_size or None,
+            grace_s=_number("--grace", grace, float),
+        )
+
+
+def _number(flag: str, text: str | None, kind: type[_N]) -> _N:
+    return number(flag, text, kind, error=SmokeError)
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SmokeError(f"--env {pair!r} is not KEY=VALUE")
+        env[key] = value
+    return env
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    argv: tuple[str, ...]  # empty: the image's own command
+    port: int
+    engine: str
+    source: str  # "--command" or "recipe <name>"
+
+
+def resolve_command(request: SmokeRequest) -> ServerCommand:
+    """The command to run, the port it will serve on and the engine whose log it writes."""
+    if request.command:
+        if request.port is None:
+            raise SmokeError("--port is required with --command (smoke must know where to probe)")
+        return ServerCommand(request.command, request.port, request.engine or "sglang", "--command")
+    assert request.model is not None
+    from bwstack.recipes import load_recipe
+
+    recipe = load_recipe(request.recipe)
+    port = request.port if request.port is not None else recipe.serve.port
+    argv = recipe.serve_command(str(request.model), host=request.host, port=port)
+    return ServerCommand(tuple(argv), port, request.engine or recipe.serve.engine, f"recipe {request.recipe}")

@@ -1,0 +1,245 @@
+"""The fatbin reader against NVIDIA's cuobjdump, on every committed fixture.
+
+cuobjdump (PyPI nvidia-cuda-cuobjdump, a dev dependency) is the oracle and must be installed: a
+missing oracle fails these tests rather than skipping them. Three of its views are compared:
+--list-elf (names from inside each cubin: never an `f`), --list-ptx (names from the headers) and
+-symbols (each entry's header arch, `a`/`f` included, and each cubin's kernels). manifest.json adds
+what nvcc was asked to build: codecs per --compress-mode, `f` targets, LTO-IR and kernel names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bwstack.errors import FatbinError
+from bwstack.verify import elf, fatbin, lz4
+from bwstack.verify.fatbin import FatbinEntry, is_cuda_binary, read_entries
+from tests.paths import FIXTURES
+
+MANIFEST = json.loads((FIXTURES / "cuda" / "manifest.json").read_text())
+ROWS = {row["path"]: row for row in MANIFEST["fixtures"]}
+CUDA_ROWS = [row for row in MANIFEST["fixtures"] if row["listed"]]
+
+
+def find_cuobjdump() -> Path | None:
+    """cuobjdump from the installed nvidia-cuda-cuobjdump wheel (nvidia/cu13/bin), wherever the venv is."""
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for candidate in sorted(Path(root).glob("cu*/bin/cuobjdump")):
+            if os.access(candidate, os.X_OK):
+                return candidate
+    return None
+
+
+@pytest.fixture(scope="session")
+def cuobjdump() -> Path:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.fail("cuobjdump is missing: pip install nvidia-cuda-cuobjdump (a dev dependency; it is the oracle)")
+    return tool
+
+
+def run_cuobjdump(tool: Path, *args: str) -> str:
+    done = subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=60)
+    return done.stdout
+
+
+def symbol_blocks(text: str) -> list[tuple[str, str, list[str]]]:
+    """`cuobjdump -symbols` as (kind, header arch, kernels) per entry: kind is elf, ptx or nvvm."""
+    blocks: list[tuple[str, str, list[str]]] = []
+    for line in text.splitlines():
+        if match := re.match(r"Fatbin (\w+) code:", line):
+            blocks.append((match.group(1), "", []))
+        elif (match := re.match(r"arch = (\S+)", line)) and blocks:
+            kind, _, kernels = blocks[-1]
+            blocks[-1] = (kind, match.group(1), kernels)
+        elif line.startswith("FUNC") and " ENTRY " in line and blocks:
+            blocks[-1][2].append(line.split()[-1])
+    return blocks
+
+
+def cuobjdump_view(entry: FatbinEntry) -> tuple[str, str]:
+    """How -symbols names our entry: (block kind, arch) with cuobjdump's sm_ prefix for every kind."""
+    kind = {"sass": "elf", "ptx": "ptx", "lto": "nvvm"}[entry.kind]
+    return kind, f"sm_{entry.number}{entry.suffix}"
+
+
+@pytest.mark.parametrize("row", CUDA_ROWS, ids=lambda row: row["path"])
+def test_reader_matches_cuobjdump(cuobjdump: Path, row: dict) -> None:
+    path = FIXTURES / row["path"]
+    entries = read_entries(path, kernels=True)
+    assert is_cuda_binary(path)
+
+    listed_elf = re.findall(r"\.(sm_\w+?)\.cubin", run_cuobjdump(cuobjdump, "--list-elf", str(path)))
+    assert [e.arch.removesuffix("f") for e in entries if e.kind == "sass"] == listed_elf
+    listed_ptx = re.findall(r"\.(sm_\w+?)\.ptx", run_cuobjdump(cuobjdump, "--list-ptx", str(path)))
+    assert [e.arch.replace("compute_", "sm_") for e in entries if e.kind == "ptx"] == listed_ptx
+
+    blocks = symbol_blocks(run_cuobjdump(cuobjdump, "-symbols", str(path)))
+    assert Counter(cuobjdump_view(e) for e in entries) == Counter((kind, arch) for kind, arch, _ in blocks)
+    theirs = [kernels for kind, _, kernels in blocks if kind == "elf"]
+    assert [sorted(e.kernels) for e in entries if e.kind == "sass"] == [sorted(k) for k in theirs]
+
+
+@pytest.mark.parametrize("row", CUDA_ROWS, ids=lambda row: row["path"])
+def test_reader_matches_what_nvcc_was_asked_for(row: dict) -> None:
+    entries = read_entries(FIXTURES / row["path"], kernels=True)
+    assert {e.arch for e in entries} == set(row["listed"])  # `f` on cubins: cuobjdump cannot tell us
+    for entry in entries:
+        assert entry.codec == row["codecs"][entry.kind], entry
+        if entry.kind == "ptx":
+            assert set(entry.kernels) == set(row["kernels"])
+    assert set().union(*(e.kernels for e in entries)) == set(row["kernels"])
+
+
+def test_manifest_covers_every_fixture_binary() -> None:
+    on_disk = {
+        str(p.relative_to(FIXTURES))
+        for pattern in ("cuda/bin/*", "packages/**/*.so")
+        for p in FIXTURES.glob(pattern)
+        if p.is_file()
+    }
+    assert on_disk == set(ROWS)
+    assert sum((FIXTURES / p).stat().st_size for p in on_disk) < 3_000_000
+
+
+def test_fixture_spread_covers_the_required_cases() -> None:
+    archs = {e.arch for row in CUDA_ROWS for e in read_entries(FIXTURES / row["path"])}
+    for needed in ("sm_80", "sm_90a", "sm_100f", "sm_103a", "sm_110", "sm_120a", "sm_121a", "compute_120", "lto_90"):
+        assert needed in archs
+    codecs = {e.codec for row in CUDA_ROWS for e in read_entries(FIXTURES / row["path"]) if e.kind == "sass"}
+    assert codecs == {"none", "lz4", "zstd"}
+
+
+def test_no_fatbin_section_is_an_empty_list_not_an_error() -> None:
+    path = FIXTURES / "cuda/bin/host_only.so"
+    assert read_entries(path) == []
+    assert not is_cuda_binary(path)
+
+
+def test_rdc_reads_the_linked_fatbin_like_cuobjdump() -> None:
+    path = FIXTURES / "cuda/bin/rdc.so"
+    with elf.open_file(path) as source:
+        names = {s.name for s in elf.read_sections(source)}
+    assert {".nv_fatbin", "__nv_relfatbin"} <= names
+    assert [e.arch for e in read_entries(path)] == ["sm_90"]
+
+
+def test_entry_names_sizes_and_dict() -> None:
+    entries = read_entries(FIXTURES / "cuda/bin/family.so")
+    assert [e.arch for e in entries] == ["sm_100f", "sm_120f", "sm_100f", "compute_120f", "sm_120f"]
+    ptx = next(e for e in entries if e.kind == "ptx")
+    assert (ptx.number, ptx.suffix, ptx.cc, ptx.codec, ptx.isa_version) == (120, "f", (12, 0), "zstd", "9.0")
+    assert ptx.compressed_size <= ptx.payload_size < ptx.uncompressed_size
+    assert entries[0].isa_version == "1.8"  # the cubin ELF ABI version nvcc 13 writes
+    assert set(ptx.to_dict()) >= {"kind", "arch", "codec", "payload_size", "compressed_size", "uncompressed_size"}
+    assert ptx.to_dict()["arch"] == "compute_120f"
+    assert ptx.kernels == () and ptx.to_dict()["kernels"] == []
+    lto = [e for e in read_entries(FIXTURES / "cuda/bin/lto.o") if e.kind == "lto"]
+    assert [e.arch for e in lto] == ["lto_90"]
+
+
+def test_uncompressed_sizes_are_the_payload() -> None:
+    for entry in read_entries(FIXTURES / "cuda/bin/compress_none.so"):
+        assert entry.compressed_size == entry.uncompressed_size == entry.payload_size
+
+
+def test_listing_reads_headers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few hundred bytes per entry, never the payloads: that is what makes a 1 GB .so take 0.1 s."""
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def counting_pread(fd: int, length: int, offset: int) -> bytes:
+        reads.append(length)
+        return real_pread(fd, length, offset)
+
+    path = FIXTURES / "cuda/bin/compress_none.so"
+    with elf.open_file(path) as source:
+        section_table = 64 * len(elf.read_sections(source))
+    monkeypatch.setattr(elf.os, "pread", counting_pread)
+    entries = read_entries(path)
+    payload = sum(e.payload_size for e in entries)
+    assert max(reads) <= section_table  # the largest single read
+    assert sum(reads) < payload / 4
+
+
+def test_kernels_from_lz4_and_zstd_cubins_agree_with_uncompressed() -> None:
+    def kernels(name: str) -> list[tuple[str, tuple[str, ...]]]:
+        return [(e.arch, tuple(sorted(e.kernels))) for e in read_entries(FIXTURES / name, kernels=True)]
+
+    plain = kernels("cuda/bin/compress_none.so")
+    assert kernels("cuda/bin/compress_speed.so") == plain
+    assert kernels("cuda/bin/compress_size.so") == plain
+
+
+def test_decompress_returns_a_real_cubin() -> None:
+    path = FIXTURES / "cuda/bin/compress_speed.so"
+    with elf.open_file(path) as source:
+        for entry in fatbin.read_source_entries(source):
+            data = fatbin.decompress(source, entry)
+            assert len(data) == entry.uncompressed_size
+            if entry.kind == "sass":
+                header = elf.read_header(elf.BytesSource(data, "cubin"))
+                assert header.machine == 190  # EM_CUDA
+
+
+def test_bytes_source_reads_like_a_file() -> None:
+    path = FIXTURES / "cuda/bin/multi.so"
+    in_memory = fatbin.read_source_entries(elf.BytesSource(path.read_bytes(), str(path)), kernels=True)
+    assert in_memory == read_entries(path, kernels=True)
+    assert any(e.kernels for e in in_memory)
+    assert [replace(e, kernels=()) for e in in_memory] == read_entries(path)
+
+
+def test_errors_are_one_line_and_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "not-elf.so"
+    bad.write_text("INPUT(-lfoo)\n")  # a linker script named .so, as some distros ship
+    assert not is_cuda_binary(bad)
+    with pytest.raises(FatbinError) as caught:
+        read_entries(bad)
+    assert str(bad) in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(FatbinError, match="cannot open"):
+        read_entries(tmp_path / "missing.so")
+
+
+# LZ4 block format: token (literal length << 4 | match length - 4), literals, 2-byte LE offset, ...
+def test_lz4_literals_only() -> None:
+    assert lz4.decompress_block(b"\x50hello", 100) == b"hello"
+
+
+def test_lz4_overlapping_match_repeats_the_pattern() -> None:
+    # "ab" then a match of 4 + 6 = 10 bytes at offset 2, then a final literal-only sequence "!"
+    block = b"\x26ab\x02\x00" + b"\x10!"
+    assert lz4.decompress_block(block, 100) == b"ab" + b"ab" * 5 + b"!"
+
+
+def test_lz4_extended_lengths() -> None:
+    literals = b"x" * 300  # 15 + 255 + 30
+    assert lz4.decompress_block(b"\xf0" + bytes([255, 30]) + literals, 1000) == literals
+
+
+@pytest.mark.parametrize(
+    ("block", "limit", "message"),
+    [
+        (b"\x50hel", 100, "passes the end"),
+        (b"\x24ab\x00\x00", 100, "offset 0"),
+        (b"\x24ab\x09\x00", 100, "offset 9"),
+        (b"\x26ab\x02\x00\x10!", 5, "more than the 5 bytes"),
+        (b"\xf0\xff", 100, "cut off"),
+        (b"\x24ab\x02", 100, "cut off"),
+    ],
+)
+def test_lz4_rejects_malformed_blocks(block: bytes, limit: int, message: str) -> None:
+    with pytest.raises(FatbinError, match=message):
+        lz4.decompress_block(block, limit)
