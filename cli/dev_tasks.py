@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from bwstack.cli.program import Context, task
 
@@ -14,7 +15,10 @@ from bwstack.cli.program import Context, task
     }
 )
 def test(c: Context, args: str = "", lint: bool = True) -> None:
-    """Run ruff, then the test suite (pytest)."""
+    """Fetch the released wheels the tests read (once), run ruff, then the test suite (pytest)."""
+    prefetch = Path("scripts/prefetch.py")
+    if prefetch.is_file():  # a checkout: the tests need tests/released.toml's wheels in the cache
+        c.run(f"{sys.executable} {prefetch}", pty=False)
     if lint:
         c.run(f"{sys.executable} -m ruff check .", pty=False)
         c.run(f"{sys.executable} -m ruff format --check .", pty=False)
