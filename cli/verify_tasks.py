@@ -19,6 +19,7 @@ from bwstack.inputs import number
         "json": "write the report as JSON to this file",
         "junit": "write the report as JUnit XML to this file",
         "timeout": "seconds the package's loader may take per arch before it counts as hung (default 30)",
+        "max_member_size": "largest a wheel member may inflate to, e.g. 8G (default 4G); bigger ones are refused",
     },
 )
 @guarded
@@ -34,12 +35,15 @@ def verify(
     json: str | None = None,
     junit: str | None = None,
     timeout: str = "30",
+    max_member_size: str = "4G",
 ) -> None:
     """Check that the binary a package's loader picks has code for each GPU arch (exit 1 if not)."""
     from bwstack.verify.verify import open_source, parse_archs, verify_tree
+    from bwstack.verify.wheel_limits import Limits, parse_size
 
     archs = parse_archs(arch)
-    with open_source(wheel=wheel, path=path, image=image, import_name=package) as tree:
+    limits = Limits(parse_size(max_member_size))
+    with open_source(wheel=wheel, path=path, image=image, import_name=package, limits=limits) as tree:
         report = verify_tree(
             tree,
             archs,

@@ -17,7 +17,9 @@ can be probed) and the CUDA binaries to read. Choices, and why:
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import zipfile
@@ -28,8 +30,10 @@ from pathlib import Path, PurePosixPath
 
 from bwstack.docker_engine import connect, first_line
 from bwstack.errors import DockerError, FatbinError, SourceError
+from bwstack.verify import elf
 from bwstack.verify.fatbin import FatbinEntry, read_entries, read_source_entries
 from bwstack.verify.stream_capture import WindowMiss, capture
+from bwstack.verify.wheel_limits import MAX_TEXT_MEMBER, Limits, bounded_copy, check_member, check_space
 
 _CHUNK = 1 << 20
 _SHARED_OBJECT_SUFFIXES = (".so",)
@@ -58,6 +62,7 @@ class Tree:
     binaries: list[str]  # posix paths relative to root, sorted
     refused: list[str] = field(default_factory=list)  # members not taken, with the reason
     _wheel: zipfile.ZipFile | None = None
+    limits: Limits = field(default_factory=Limits)
 
     def read(self, relative: str, *, kernels: bool = False) -> list[FatbinEntry]:
         """The fatbin entries of one binary in the tree (FatbinError for a malformed one)."""
@@ -72,46 +77,84 @@ class Tree:
                 return read_source_entries(source)
             except WindowMiss:
                 pass
-            except (zipfile.BadZipFile, OSError, EOFError) as error:
+            except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as error:
                 raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
+        # The fallback: one member on disk at a time, counted while it inflates, named by the member.
+        info = self._wheel.getinfo(relative)
+        check_space(Path(tempfile.gettempdir()), info.file_size, label)
         with tempfile.NamedTemporaryFile(prefix="bwstack-member-", suffix=".so") as copy:
             try:
-                with self._wheel.open(relative) as member:
-                    shutil.copyfileobj(member, copy, _CHUNK)
-            except (zipfile.BadZipFile, OSError, EOFError) as error:
+                with self._wheel.open(info) as member:
+                    bounded_copy(member, copy, info.file_size, self.limits, label, corrupt=FatbinError)
+            except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as error:
                 raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
             copy.flush()
-            return read_entries(Path(copy.name), kernels=kernels)
+            return read_source_entries(elf.FileSource(copy.fileno(), label), kernels=kernels)
 
 
-def _scan_binaries(root: Path) -> list[str]:
+def _scan_binaries(root: Path, unreadable: list[str] | None = None) -> list[str]:
+    """Regular .so files under root, links not followed; folders that cannot be listed (`--path /` meets
+    /proc) are noted in `unreadable` rather than ending the run."""
     found = []
-    for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink() and is_shared_object(path.name):
-            found.append(path.relative_to(root).as_posix())
+
+    def note(error: OSError) -> None:
+        if unreadable is not None:
+            unreadable.append(f"{error.filename} (cannot be read: {error.strerror or error})")
+
+    for folder, _dirs, files in os.walk(root, onerror=note):
+        for name in files:
+            if not is_shared_object(name):
+                continue
+            path = Path(folder, name)
+            try:
+                if stat.S_ISREG(path.lstat().st_mode):
+                    found.append(path.relative_to(root).as_posix())
+            except OSError as error:
+                note(error)
     return sorted(found)
+
+
+def _kind(path: Path) -> str | None:
+    """What is at `path` when it is not what was asked for, in words; None for a missing path."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"unreadable ({error.strerror or error})"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a file" if stat.S_ISREG(mode) else "not a regular file"
 
 
 @contextmanager
 def open_path(folder: Path) -> Iterator[Tree]:
     folder = Path(folder)
     if not folder.is_dir():
-        raise SourceError(f"{folder}: not a folder", remedy="pass --path a site-packages folder or a package folder")
-    yield Tree(str(folder), folder.resolve(), _scan_binaries(folder))
+        kind = _kind(folder)
+        what = "does not exist" if kind is None else f"is {kind}, not a folder"
+        raise SourceError(f"{folder}: {what}", remedy="pass --path a site-packages folder or a package folder")
+    unreadable: list[str] = []
+    binaries = _scan_binaries(folder, unreadable)
+    yield Tree(str(folder), folder.resolve(), binaries, unreadable)
 
 
 @contextmanager
-def open_wheel(wheel: Path) -> Iterator[Tree]:
-    wheel = Path(wheel)
+def open_wheel(wheel: Path, limits: Limits | None = None) -> Iterator[Tree]:
+    wheel, limits = Path(wheel), limits or Limits()
     if not wheel.is_file():
-        raise SourceError(f"{wheel}: wheel not found")
+        kind = _kind(wheel)
+        what = "wheel not found" if kind is None else f"is {kind}, not a wheel file"
+        raise SourceError(f"{wheel}: {what}", remedy="pass --wheel a .whl file")
     try:
         archive = zipfile.ZipFile(wheel)
     except (zipfile.BadZipFile, OSError) as error:
         raise SourceError(f"{wheel}: not a readable wheel (zip): {error}") from None
+    for info in archive.infolist():
+        check_member(wheel, info, limits)
     with archive, tempfile.TemporaryDirectory(prefix="bwstack-wheel-") as scratch:
         root = Path(scratch)
-        binaries, refused = [], []
+        binaries, refused, extracted = [], [], 0
         for info in archive.infolist():
             if info.is_dir():
                 continue
@@ -127,15 +170,25 @@ def open_wheel(wheel: Path) -> Iterator[Tree]:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.touch()
                     binaries.append(name.as_posix())
+                elif wanted and info.file_size > MAX_TEXT_MEMBER:
+                    refused.append(f"{info.filename} (claims {info.file_size} bytes; no Python file is that big)")
                 elif wanted:
+                    # Everything extracted stays until verify ends, so together it is held to one member's cap.
+                    extracted += info.file_size
+                    if extracted > limits.max_member:
+                        raise SourceError(
+                            f"{wheel}: its Python and metadata files inflate past the {limits.max_member}-byte cap",
+                            remedy="raise the cap with --max-member-size if the wheel is trusted",
+                        )
+                    check_space(root, info.file_size, f"{wheel}!{info.filename}")
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with archive.open(info) as member, target.open("wb") as out:
-                        shutil.copyfileobj(member, out, _CHUNK)
+                        bounded_copy(member, out, info.file_size, limits, f"{wheel}!{info.filename}")
             except (FileExistsError, NotADirectoryError, IsADirectoryError):
                 refused.append(f"{info.filename} (clashes with another member: a file and a folder of one name)")
-            except (zipfile.BadZipFile, OSError, EOFError) as error:
+            except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as error:
                 raise SourceError(f"{wheel}!{info.filename}: cannot extract: {error}") from None
-        yield Tree(str(wheel), root.resolve(), sorted(binaries), refused, _wheel=archive)
+        yield Tree(str(wheel), root.resolve(), sorted(binaries), refused, _wheel=archive, limits=limits)
 
 
 @contextmanager

@@ -8,6 +8,10 @@ magic appears, that container's header, the 64-byte header of each entry it chai
 after it (padding). The ordinary walk then runs over those windows. If it asks for a byte that was not
 kept (an unusual layout), `WindowMiss` is raised and the caller falls back to a full copy, so the answer
 is always the same as reading the whole file.
+
+What is kept is bounded (`KEEP_BUDGET`): a hostile member padded with thousands of container headers
+would otherwise grow the windows without limit (issue 14), so past the budget the pass gives up at
+once with a `WindowMiss` and the caller reads a bounded on-disk copy, as `--path` would.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ AFTER_CONTAINER = 256  # alignment padding after a container, read by the walk
 TAIL = 4 << 20  # section headers and their names live in the last few KB of a .so
 CHUNK = 1 << 20
 _CARRY = 1 << 12  # overlap kept between chunks so a header split across two is still seen whole
+# Header windows kept in one pass, besides the tail (bytes plus a per-window allowance for Python's object
+# overhead). Real libraries need well under 1 MiB (a few thousand entries); past this it is hostile padding.
+KEEP_BUDGET = 8 << 20
+_WINDOW_OVERHEAD = 96
 
 
 class WindowMiss(FatbinError):
@@ -70,7 +78,7 @@ def capture(stream: BinaryIO, size: int, label: str) -> WindowSource:
     followers: list[_Follower] = []
     tail_start = max(0, size - TAIL)
     tail_parts: list[bytes] = []
-    carry, carry_start, offset, scan_from, skip_until = b"", 0, 0, 0, 0
+    carry, carry_start, offset, scan_from, skip_until, kept = b"", 0, 0, 0, 0, 0
     while True:
         chunk = stream.read(CHUNK)
         if not chunk:
@@ -103,9 +111,12 @@ def capture(stream: BinaryIO, size: int, label: str) -> WindowSource:
         for start, length in wanted:
             if start >= data_start and start + length <= data_end:
                 windows.append((start, data[start - data_start : start + length - data_start]))
+                kept += length + _WINDOW_OVERHEAD
             elif start + length > data_end and start >= data_start:
                 still.append((start, length))
         wanted = still
+        if kept + _WINDOW_OVERHEAD * (len(wanted) + len(followers)) > KEEP_BUDGET:
+            raise WindowMiss(f"{label}: more fatbin headers than one pass keeps ({len(windows)} windows)")
         offset += len(chunk)
         carry = data[-_CARRY:]
         carry_start = data_end - len(carry)
@@ -149,14 +160,16 @@ def _advance(
 
 
 def _merge(label: str, size: int, windows: list[tuple[int, bytes]]) -> WindowSource:
-    """Sorted, non-overlapping blocks, so read() can find its block with one bisect."""
-    source = WindowSource(label, size)
+    """Sorted, non-overlapping blocks, so read() can find its block with one bisect. Overlapping windows
+    grow one bytearray in place: joining immutable bytes would copy the block once per window."""
+    starts: list[int] = []
+    blocks: list[bytearray] = []
     for start, block in sorted(windows, key=lambda w: w[0]):
-        if source.starts and start <= source.starts[-1] + len(source.blocks[-1]):
-            last_start, last = source.starts[-1], source.blocks[-1]
-            if start + len(block) > last_start + len(last):
-                source.blocks[-1] = last + block[last_start + len(last) - start :]
+        if starts and start <= starts[-1] + len(blocks[-1]):
+            end = starts[-1] + len(blocks[-1])
+            if start + len(block) > end:
+                blocks[-1] += block[end - start :]
         else:
-            source.starts.append(start)
-            source.blocks.append(block)
-    return source
+            starts.append(start)
+            blocks.append(bytearray(block))
+    return WindowSource(label, size, starts, [bytes(b) for b in blocks])

@@ -20,6 +20,7 @@ from bwstack.verify import sources
 from bwstack.verify.compat import Runs, best_runs
 from bwstack.verify.fatbin import FatbinEntry
 from bwstack.verify.loader_probe import LoaderResult, RunningProbe
+from bwstack.verify.wheel_limits import Limits
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,16 @@ def parse_archs(texts: Iterable[str]) -> list[Arch]:
     return [a for a in ARCHS if a.name in wanted]
 
 
-def open_source(*, wheel: str | None, path: str | None, image: str | None, import_name: str) -> AbstractContextManager:
+def open_source(
+    *, wheel: str | None, path: str | None, image: str | None, import_name: str, limits: Limits | None = None
+) -> AbstractContextManager:
     if not all(part.isidentifier() for part in import_name.split(".")):
         raise SourceError(f"--package {import_name!r} is not a Python import name", remedy="e.g. --package sgl_kernel")
     given = [(k, v) for k, v in (("--wheel", wheel), ("--path", path), ("--image", image)) if v]
     if len(given) != 1:
         raise SourceError("give exactly one of --wheel FILE, --path DIR or --image REF")
     if wheel:
-        return sources.open_wheel(Path(wheel))
+        return sources.open_wheel(Path(wheel), limits)
     if path:
         return sources.open_path(Path(path))
     return sources.open_image(str(image), import_name=import_name)

@@ -163,7 +163,7 @@ def test_cli_exit_codes_json_and_junit(tmp_path: Path) -> None:
     ("args", "fragment"),
     [
         (["--arch", "sm999", "--path", "."], "unknown arch 'sm999'"),
-        (["--arch", "sm120", "--path", "/nonexistent/bwstack"], "not a folder"),
+        (["--arch", "sm120", "--path", "/nonexistent/bwstack"], "does not exist"),
         (["--arch", "sm120", "--wheel", "/nonexistent.whl"], "wheel not found"),
         (["--arch", "sm120"], "give exactly one of --wheel FILE, --path DIR or --image REF"),
         (["--arch", "sm120", "--path", str(REPO / "recipes")], "no sgl_kernel package inside"),
