@@ -121,7 +121,18 @@ class RecordingLoader(importlib.abc.Loader):
 
 
 def under_root(path):
-    return os.path.realpath(path).startswith(ROOT + os.sep)
+    # A link inside the package that points elsewhere is still the package's binary, so either spelling counts.
+    return any(p.startswith(ROOT + os.sep) for p in (os.path.abspath(path), os.path.realpath(path)))
+
+
+def reason(error):
+    """The error's first line; an empty message (a bare ImportError) still says what failed."""
+    text = str(error).strip()
+    if not text:
+        parts = [f"module {error.name}" if getattr(error, "name", None) else "",
+                 f"from {error.path}" if getattr(error, "path", None) else ""]
+        text = " ".join(p for p in parts if p) or "raised with no message"
+    return f"{type(error).__name__}: {text}".splitlines()[0][:500]
 
 
 def recording_spec(name, location=None, *args, **kwargs):
@@ -173,7 +184,7 @@ try:
 except ProbeDone as done:
     report(str(done))
 except BaseException as error:
-    report(None, f"{type(error).__name__}: {error}".splitlines()[0][:500])
+    report(None, reason(error))
 else:
     report(None)
 '''
@@ -220,8 +231,12 @@ class RunningProbe:
     the caller was interrupted.
     """
 
-    def __init__(self, package_root: Path, import_name: str, cc: CC | None, *, timeout: float) -> None:
+    def __init__(
+        self, package_root: Path, import_name: str, cc: CC | None, *, timeout: float, label: str | None = None
+    ) -> None:
         self.package_root = package_root.resolve()
+        # What errors name: the source the user gave (a wheel), not a scratch folder gone by the time it prints.
+        self.label = label or str(self.package_root / import_name)
         self.import_name = import_name
         self.cc = cc
         self.timeout = timeout
@@ -260,13 +275,13 @@ class RunningProbe:
 
     def result(self) -> LoaderResult:
         """Wait for the probe (until its own deadline) and read what the loader did."""
-        where = self.package_root / self.import_name
+        where = self.label
         try:
             self.child.wait(timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise LoaderProbeError(
-                f"{where}: importing the package for CC {_cc_text(self.cc)} did not finish in {self.timeout:g} s; "
-                "its loader hangs",
+                f"{where}: importing {self.import_name} for CC {_cc_text(self.cc)} did not finish in "
+                f"{self.timeout:g} s (--timeout); its loader hangs",
                 remedy="run `python -X importtime -c 'import " + self.import_name + "'` to see where",
             ) from None
         stdout = (self.scratch / "stdout").read_text(errors="replace")

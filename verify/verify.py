@@ -90,7 +90,10 @@ def verify_tree(
     # closes every probe however this ends (a timeout, an interrupt), so none outlives verify.
     with ExitStack() as stack:
         probes = [
-            stack.enter_context(RunningProbe(package_root, import_name, a.cc, timeout=probe_timeout)) for a in archs
+            stack.enter_context(
+                RunningProbe(package_root, import_name, a.cc, timeout=probe_timeout, label=_shown(tree, package_root))
+            )
+            for a in archs
         ]
         binaries = [_read(tree, rel, package_root, kernels) for rel in tree.binaries]
         loaders = [probe.result() for probe in probes]
@@ -142,6 +145,14 @@ def find_package_root(tree: sources.Tree, import_name: str) -> Path:
             remedy="point --path at site-packages, or pass --package with the import name",
         )
     return found[0].parent.parent
+
+
+def _shown(tree: sources.Tree, package_root: Path) -> str:
+    """The probed package as the user knows it: inside their folder, or inside the wheel/image they named."""
+    if Path(tree.label).resolve() == tree.root or not package_root.is_relative_to(tree.root):
+        return str(package_root)
+    inner = package_root.relative_to(tree.root).as_posix()
+    return f"{tree.label}!{inner}" if inner != "." else tree.label
 
 
 def _read(tree: sources.Tree, relative: str, package_root: Path, kernels: bool) -> Binary:

@@ -209,7 +209,7 @@ def test_truncated_selected_binary_is_a_per_file_failure_not_a_crash(tmp_path: P
 def test_hanging_loader_is_a_clear_error(tmp_path: Path) -> None:
     root = copy_package(tmp_path)
     (root / "sgl_kernel" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
-    with pytest.raises(LoaderProbeError, match=r"did not finish in 2 s; its loader hangs"):
+    with pytest.raises(LoaderProbeError, match=r"did not finish in 2 s \(--timeout\); its loader hangs"):
         probe_loader(root, "sgl_kernel", (12, 0), timeout=2)
 
 
