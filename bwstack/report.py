@@ -49,14 +49,15 @@ _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold
 def check_writable(*paths: str | Path | None) -> None:
     """Refuse, before any work, a report path that could never be written (ReportError, exit 2): a build
     or a smoke run should not take an hour only to fail at its last line. It opens the file for appending,
-    which is the one honest test (root passes every permission check), and removes it if it was not there."""
+    which is the one honest test (root passes every permission check), and removes it if it was not there.
+    Folders are never created: a mistyped folder would otherwise swallow the report silently."""
     for given in paths:
         if not given:
             continue
         path = Path(given)
+        _check_folder(path)
         existed = path.exists()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a"):
                 pass
             if not existed:
@@ -66,6 +67,16 @@ def check_writable(*paths: str | Path | None) -> None:
                 f"cannot write the report to {path}: {error.strerror or error}",
                 remedy="pass --json/--junit a file path in a writable folder",
             ) from None
+
+
+def _check_folder(path: Path) -> None:
+    """The report's folder must exist; a regular file on the way is named as such, not as "File exists"."""
+    folder = path.parent
+    if folder.is_dir():
+        return
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    problem = f"{blocker} is a file, not a folder" if blocker else f"folder {folder} does not exist"
+    raise ReportError(f"cannot write the report to {path}: {problem}", remedy="create the folder, or pass another path")
 
 
 @dataclass
@@ -167,8 +178,8 @@ class Report:
         for path, text in ((json_path, self.to_json), (junit_path, self.to_junit)):
             if path:
                 target = Path(path)
+                _check_folder(target)
                 try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_text(text())
                 except OSError as error:
                     raise ReportError(

@@ -65,6 +65,15 @@ def test_unwritable_report_path_is_a_report_error(tmp_path: Path) -> None:
         sample().write(json_path=blocker / "r.json")
 
 
+def test_a_path_under_a_regular_file_says_so_not_file_exists(tmp_path: Path) -> None:
+    from bwstack.report import check_writable
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ReportError, match=f"{blocker} is a file, not a folder"):
+        check_writable(blocker / "deeper" / "r.json")
+
+
 def test_findings_quoting_broken_bytes_still_write_and_print(tmp_path: Path) -> None:
     """A lone surrogate (from invalid UTF-8) or a NUL in a finding must not crash the last step."""
     report = Report("preflight", "node")
@@ -96,8 +105,12 @@ def test_an_unwritable_path_is_refused_up_front_and_a_writable_one_left_as_it_wa
     with pytest.raises(ReportError, match=r"cannot write the report to /proc/x\.json"):
         check_writable("/proc/x.json")
     target = tmp_path / "reports" / "r.json"
+    with pytest.raises(ReportError, match=r"folder .*/reports does not exist"):
+        check_writable(target, None)
+    assert not target.parent.exists()  # never created behind the user's back
+    target.parent.mkdir()
     check_writable(target, None)
-    assert not target.exists() and target.parent.is_dir()
+    assert not target.exists()
     target.write_text("kept")
     check_writable(target)
     assert target.read_text() == "kept"
