@@ -6,6 +6,8 @@ from bwstack.cli.program import Context, finish, guarded, setting, task
 from bwstack.errors import BwstackError
 from bwstack.inputs import optional_number
 
+MAX_JOBS_LIMIT = 4096  # compile jobs; more than any build host has threads, far below what breaks make/ninja
+
 
 @task(
     help={
@@ -36,7 +38,7 @@ def render(
 
     if not arch:
         raise BwstackError("no --arch given (e.g. --arch sm120)")
-    jobs = optional_number("--max-jobs", max_jobs, int, minimum=1)
+    jobs = optional_number("--max-jobs", max_jobs, int, minimum=1, maximum=MAX_JOBS_LIMIT)
     threads = optional_number("--nvcc-threads", nvcc_threads, int, minimum=1)
     overrides = {k: str(v) for k, v in (("MAX_JOBS", jobs), ("NVCC_THREADS", threads)) if v is not None}
     loaded = load_recipe(setting(c, "recipe", recipe))
@@ -84,7 +86,7 @@ def build(
         repo=setting(c, "repo", tag),
         gate=not no_verify,
         push=push,
-        max_jobs=optional_number("--max-jobs", max_jobs, int, minimum=1),
+        max_jobs=optional_number("--max-jobs", max_jobs, int, minimum=1, maximum=MAX_JOBS_LIMIT),
         nvcc_threads=optional_number("--nvcc-threads", nvcc_threads, int, minimum=1),
         verbose=verbose,
     )

@@ -6,7 +6,7 @@ import sys
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
 from bwstack.errors import BwstackError
-from bwstack.inputs import optional_number
+from bwstack.inputs import image_reference, optional_number
 
 
 @task(
@@ -120,6 +120,9 @@ def fleet(
 
     if not arch:
         raise BwstackError("no --arch given (e.g. --arch sm120)")
+    for flag, ref in (("--image", image), ("--runner", runner)):
+        if ref is not None:
+            image_reference(flag, ref)
     spec = spec_for_recipe(
         setting(c, "recipe", recipe),
         arch=arch,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
+from bwstack.errors import SmokeError
 
 
 @task(
@@ -51,8 +52,15 @@ def smoke(
     grace: str = "10",
 ) -> None:
     """Start a server, follow its start-up phases, probe it, name a crash/hang/timeout; exit 0 only when ready."""
+    from bwstack.recipes import load_recipe
     from bwstack.smoke import SmokeRequest, run_smoke
 
+    if command is not None and model is not None:
+        raise SmokeError(
+            "give --model (the recipe's server) or --command (your own server), not both",
+            remedy="put the model path into --command",
+        )
+    load_recipe(setting(c, "recipe", recipe))  # an unknown --recipe is refused even with --command
     request = SmokeRequest.from_flags(
         command=command,
         model=model,

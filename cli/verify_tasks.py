@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bwstack.cli.program import Context, finish, guarded, task
+from bwstack.errors import SourceError
 from bwstack.inputs import number
 
 
@@ -42,6 +43,8 @@ def verify(
     from bwstack.verify.wheel_limits import Limits, parse_size
 
     archs = parse_archs(arch)
+    if any(not name.strip() for name in require or []):
+        raise SourceError("--require needs a binary name, got an empty one", remedy="e.g. --require flash_ops")
     limits = Limits(parse_size(max_member_size))
     with open_source(wheel=wheel, path=path, image=image, import_name=package, limits=limits) as tree:
         report = verify_tree(

@@ -25,6 +25,14 @@ _SHM_SIZE = re.compile(r"^\d+[bkmg]?$", re.IGNORECASE | re.ASCII)  # Docker's --
 _N = TypeVar("_N", int, float)
 
 
+_TIMING_FLAGS = {
+    "startup_timeout_s": "--startup-timeout",
+    "stall_timeout_s": "--stall-timeout",
+    "grace_s": "--grace",
+    "poll_s": "poll interval",
+}
+
+
 @dataclass(frozen=True)
 class SmokeRequest:
     command: tuple[str, ...] | None = None
@@ -49,17 +57,16 @@ class SmokeRequest:
         if self.command is not None and not self.command:
             raise SmokeError("--command is empty")
         if self.model is not None and not self.model.is_dir():
-            raise SmokeError(
-                f"model folder {self.model} does not exist", remedy="pass the checkpoint folder to --model"
-            )
+            what = "is a file, not a folder" if self.model.exists() else "does not exist"
+            raise SmokeError(f"model folder {self.model} {what}", remedy="pass the checkpoint folder to --model")
         if self.port is not None and not 0 < self.port < 65536:
             raise SmokeError(f"--port {self.port} is not in 1..65535")
-        for name in ("startup_timeout_s", "stall_timeout_s", "grace_s", "poll_s"):
+        for name, flag in _TIMING_FLAGS.items():  # errors name the flag the user typed, not the field
             value = getattr(self, name)
             if not math.isfinite(value):  # nan <= 0 is False: a nan timeout would never end
-                raise SmokeError(f"{name} must be a finite number, not {value}")
+                raise SmokeError(f"{flag} must be a finite number, not {value}")
             if value <= 0:
-                raise SmokeError(f"{name} must be positive, not {value}")
+                raise SmokeError(f"{flag} must be positive, not {value}")
         if not _GPUS.match(self.gpus):
             raise SmokeError(f"--gpus {self.gpus!r}: use auto, all, none or device ids such as 0,1")
         if self.shm_size is not None and not (

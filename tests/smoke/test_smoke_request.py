@@ -48,7 +48,7 @@ def test_flags_become_a_typed_request() -> None:
         ({"command": "x", "port": "eighty"}, "--port 'eighty' is not a whole number"),
         ({"command": "x", "port": "70000"}, "not in 1..65535"),
         ({"command": "x 'unclosed", "port": "1"}, "does not parse"),
-        ({"command": "x", "port": "1", "stall_timeout": "0"}, "stall_timeout_s must be positive"),
+        ({"command": "x", "port": "1", "stall_timeout": "0"}, "--stall-timeout must be positive"),
         ({"command": "x", "port": "1", "stall_timeout": "nan"}, "--stall-timeout 'nan' is not a finite number"),
         ({"command": "x", "port": "1", "startup_timeout": "inf"}, "--startup-timeout 'inf' is not a finite number"),
         ({"command": "x", "port": "1", "grace": "-inf"}, "--grace '-inf' is not a finite number"),
@@ -67,10 +67,18 @@ def test_bad_flags_are_smoke_errors(changes: dict[str, Any], message: str) -> No
         flags(**changes)
 
 
-@pytest.mark.parametrize("field", ["startup_timeout_s", "stall_timeout_s", "grace_s", "poll_s"])
+@pytest.mark.parametrize(
+    ("field", "flag"),
+    [
+        ("startup_timeout_s", "--startup-timeout"),
+        ("stall_timeout_s", "--stall-timeout"),
+        ("grace_s", "--grace"),
+        ("poll_s", "poll interval"),
+    ],
+)
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
-def test_a_request_refuses_non_finite_seconds_however_it_is_built(field: str, value: float) -> None:
-    with pytest.raises(SmokeError, match=f"{field} must be a finite number"):
+def test_a_request_refuses_non_finite_seconds_however_it_is_built(field: str, flag: str, value: float) -> None:
+    with pytest.raises(SmokeError, match=f"^{flag} must be a finite number"):
         SmokeRequest(command=("server",), port=1, **{field: value})
 
 
