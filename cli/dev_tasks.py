@@ -22,4 +22,5 @@ def test(c: Context, args: str = "", lint: bool = True) -> None:
     if lint:
         c.run(f"{sys.executable} -m ruff check .", pty=False)
         c.run(f"{sys.executable} -m ruff format --check .", pty=False)
-    c.run(f"{sys.executable} -m pytest {args}", pty=False)
+    # -rs: every skip says why (no Docker, no busybox-static) in the summary.
+    c.run(f"{sys.executable} -m pytest -rs {args}", pty=False)

@@ -31,7 +31,7 @@ def test_max_jobs_fits_ram_at_4_gb_per_nvcc_thread(ram_gb: int, cpus: int, threa
     assert size_build_jobs(ram_gb * GB, cpus, threads) == jobs
 
 
-def test_build_context_is_minimal_and_reproducible() -> None:
+def test_build_context_is_minimal_and_reproducible(static_busybox) -> None:
     rendered = render(load_recipe("demo"), "sm120")
     first, second = build_context(rendered).getvalue(), build_context(rendered).getvalue()
     assert first == second
@@ -47,12 +47,10 @@ def test_build_context_is_minimal_and_reproducible() -> None:
 
 
 @pytest.fixture
-def cleanup_images(docker_client):
-    repos: list[str] = []
-    yield repos
-    for repo in repos:
-        for image in docker_client.images.list(name=repo):
-            docker_client.images.remove(image.id, force=True)
+def cleanup_images(tracked_images):
+    """Per-run repositories whose tags, and only those, are removed afterwards (never a user's image that
+    shares the id: identical content builds to one id)."""
+    return tracked_images
 
 
 def tags_of(docker_client, repo: str) -> set[str]:
@@ -62,8 +60,7 @@ def tags_of(docker_client, repo: str) -> set[str]:
 
 @pytest.mark.docker
 def test_demo_builds_passes_the_gate_and_is_tagged(docker_client, static_busybox, cleanup_images, tmp_path) -> None:
-    repo = unique_repo()
-    cleanup_images.append(repo)
+    repo = cleanup_images.repo("build")
     result = invoke("build", "--arch", "sm120", "--recipe", "demo", "--tag", repo, "--json", str(tmp_path / "b.json"))
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "b.json").read_text())
@@ -88,8 +85,7 @@ def test_demo_builds_passes_the_gate_and_is_tagged(docker_client, static_busybox
 
 @pytest.mark.docker
 def test_incident_twin_is_refused_and_keeps_no_tag(docker_client, static_busybox, cleanup_images, tmp_path) -> None:
-    repo = unique_repo()
-    cleanup_images.append(repo)
+    repo = cleanup_images.repo("build")
     result = invoke(
         "build", "--arch", "sm120", "--recipe", "demo-incident", "--tag", repo, "--json", str(tmp_path / "b.json")
     )
@@ -107,8 +103,7 @@ def test_incident_twin_is_refused_and_keeps_no_tag(docker_client, static_busybox
 
 @pytest.mark.docker
 def test_no_verify_tags_anyway_and_says_so(docker_client, static_busybox, cleanup_images, tmp_path) -> None:
-    repo = unique_repo()
-    cleanup_images.append(repo)
+    repo = cleanup_images.repo("build")
     result = invoke(
         *("build", "--arch", "sm120", "--recipe", "demo-incident", "--tag", repo, "--no-verify"),
         *("--json", str(tmp_path / "b.json")),
@@ -130,7 +125,7 @@ def test_real_recipe_fails_fast_at_the_pull(docker_client, tmp_path) -> None:
     assert check["infrastructure"] is True and "docker pull" in check["remedy"]
 
 
-def test_daemon_down_exits_2_with_one_line() -> None:
+def test_daemon_down_exits_2_with_one_line(static_busybox) -> None:
     result = invoke("build", "--arch", "sm120", "--recipe", "demo", env={"DOCKER_HOST": "unix:///nonexistent.sock"})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
@@ -192,18 +187,16 @@ def test_failed_steps_are_findings_and_leave_nothing_behind(
 
 
 @pytest.mark.docker
-def test_push_to_unreachable_registry_is_an_infrastructure_failure(docker_client, static_busybox, tmp_path) -> None:
-    repo = f"127.0.0.1:9/{unique_repo()}"
-    try:
-        result = invoke(
-            "build", "--arch", "sm120", "--recipe", "demo", "--tag", repo, "--push", "--json", str(tmp_path / "b.json")
-        )
-        assert result.returncode == 2, result.stdout + result.stderr
-        push = next(c for c in json.loads((tmp_path / "b.json").read_text())["checks"] if c["name"] == "sm120 push")
-        assert push["finding"].startswith(f"cannot push {repo}:demo-sm120-cuda13.0-")
-    finally:
-        for image in docker_client.images.list(name=repo):
-            docker_client.images.remove(image.id, force=True)
+def test_push_to_unreachable_registry_is_an_infrastructure_failure(
+    docker_client, static_busybox, cleanup_images, tmp_path
+) -> None:
+    repo = cleanup_images.repo("push", registry="127.0.0.1:9/")
+    result = invoke(
+        "build", "--arch", "sm120", "--recipe", "demo", "--tag", repo, "--push", "--json", str(tmp_path / "b.json")
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    push = next(c for c in json.loads((tmp_path / "b.json").read_text())["checks"] if c["name"] == "sm120 push")
+    assert push["finding"].startswith(f"cannot push {repo}:demo-sm120-cuda13.0-")
 
 
 @pytest.mark.docker
@@ -211,8 +204,7 @@ def test_a_refused_build_never_untags_an_image_someone_else_tagged(
     docker_client, static_busybox, cleanup_images, tmp_path
 ) -> None:
     """Cached builds give identical content one id: refusing it again must not force-remove earlier tags."""
-    kept, refused = unique_repo(), unique_repo()
-    cleanup_images += [kept, refused]
+    kept, refused = cleanup_images.repo("kept"), cleanup_images.repo("refused")
     first = invoke("build", "--arch", "sm120", "--recipe", "demo-incident", "--tag", kept, "--no-verify")
     assert first.returncode == 0, first.stderr
     second = invoke(

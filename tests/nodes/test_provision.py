@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,15 +35,14 @@ def node_seams(tmp_path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def demo_images(docker_client):
-    """The demo image (gated) and the incident twin (built with the gate off, as a careless team would)."""
-    repo = f"bwstack-test-provision-{uuid.uuid4().hex[:8]}"
+def demo_images(docker_client, module_images):
+    """The demo image (gated) and the incident twin (built with the gate off, as a careless team would).
+    Under a per-run repository; clean-up removes only those tags, never a user's image of the same id."""
+    repo = module_images.repo("provision")
     good = build_images("demo", ["sm120"], repo=repo, client=docker_client)
     bad = build_images("demo-incident", ["sm120"], repo=repo, gate=False, client=docker_client)
     assert good.ok and bad.ok
-    yield {"demo": good.data["images"][0]["tags"][0], "demo-incident": bad.data["images"][0]["tags"][0]}
-    for image in docker_client.images.list(name=repo):
-        docker_client.images.remove(image.id, force=True)
+    return {"demo": good.data["images"][0]["tags"][0], "demo-incident": bad.data["images"][0]["tags"][0]}
 
 
 def smoke_containers(client) -> list:

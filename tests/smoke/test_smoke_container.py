@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +28,17 @@ CMD ["/srv/bwstack-demo/entrypoint.sh"]
 
 
 @pytest.fixture(scope="module")
-def demo_image(docker_client: Any, static_busybox: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def demo_image(
+    docker_client: Any, static_busybox: Path, tmp_path_factory: pytest.TempPathFactory, module_images, run_label
+) -> str:
     context = tmp_path_factory.mktemp("smoke-demo")
     shutil.copy(static_busybox, context / "busybox")
     shutil.copytree(DEMO_SERVER, context / "server")
     (context / "Dockerfile").write_text(DOCKERFILE)
-    tag = f"bwstack-smoke-demo:{uuid.uuid4().hex[:12]}"
-    docker_client.images.build(path=str(context), tag=tag, rm=True, forcerm=True)
-    yield tag
-    docker_client.images.remove(tag, force=True)
+    tag = f"{module_images.repo('smoke-demo')}:latest"
+    # The run's label makes the image this run's own (its own id), so clean-up cannot touch anyone else's.
+    docker_client.images.build(path=str(context), tag=tag, rm=True, forcerm=True, labels=run_label)
+    return tag
 
 
 def smoke_containers(client: Any, port: int) -> list[Any]:
