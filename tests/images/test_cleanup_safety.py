@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -46,13 +47,23 @@ def test_busybox_tests_skip_with_a_reason_or_fail_in_ci(require: str, outcome: s
     selected = "context_is_minimal or daemon_down"
     env = {"BWSTACK_TEST_BUSYBOX": "", "BWSTACK_REQUIRE_DOCKER": require, "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/images/test_build.py"]
-        + ["-k", selected],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests/images/test_build.py",
+            "-k",
+            selected,
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**__import__("os").environ, **env},
+        env={**os.environ, **env},
     )
     assert outcome in result.stdout, result.stdout[-2000:]
     if not require:
