@@ -33,7 +33,14 @@ from bwstack.errors import DockerError, FatbinError, SourceError
 from bwstack.verify import elf
 from bwstack.verify.fatbin import FatbinEntry, read_entries, read_source_entries
 from bwstack.verify.stream_capture import WindowMiss, capture
-from bwstack.verify.wheel_limits import MAX_TEXT_MEMBER, Limits, bounded_copy, check_member, check_space
+from bwstack.verify.wheel_limits import (
+    INFLATE_ERRORS,
+    MAX_TEXT_MEMBER,
+    Limits,
+    bounded_copy,
+    check_member,
+    check_space,
+)
 
 _CHUNK = 1 << 20
 _SHARED_OBJECT_SUFFIXES = (".so",)
@@ -77,7 +84,7 @@ class Tree:
                 return read_source_entries(source)
             except WindowMiss:
                 pass
-            except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as error:
+            except INFLATE_ERRORS as error:
                 raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
         # The fallback: one member on disk at a time, counted while it inflates, named by the member.
         info = self._wheel.getinfo(relative)
@@ -86,7 +93,7 @@ class Tree:
             try:
                 with self._wheel.open(info) as member:
                     bounded_copy(member, copy, info.file_size, self.limits, label, corrupt=FatbinError)
-            except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as error:
+            except INFLATE_ERRORS as error:
                 raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
             copy.flush()
             return read_source_entries(elf.FileSource(copy.fileno(), label), kernels=kernels)
@@ -148,7 +155,7 @@ def open_wheel(wheel: Path, limits: Limits | None = None) -> Iterator[Tree]:
         raise SourceError(f"{wheel}: {what}", remedy="pass --wheel a .whl file")
     try:
         archive = zipfile.ZipFile(wheel)
-    except (zipfile.BadZipFile, OSError) as error:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as error:  # ValueError: negative offsets
         raise SourceError(f"{wheel}: not a readable wheel (zip): {error}") from None
     for info in archive.infolist():
         check_member(wheel, info, limits)
@@ -186,7 +193,7 @@ def open_wheel(wheel: Path, limits: Limits | None = None) -> Iterator[Tree]:
                         bounded_copy(member, out, info.file_size, limits, f"{wheel}!{info.filename}")
             except (FileExistsError, NotADirectoryError, IsADirectoryError):
                 refused.append(f"{info.filename} (clashes with another member: a file and a folder of one name)")
-            except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as error:
+            except INFLATE_ERRORS as error:
                 raise SourceError(f"{wheel}!{info.filename}: cannot extract: {error}") from None
         yield Tree(str(wheel), root.resolve(), sorted(binaries), refused, _wheel=archive, limits=limits)
 

@@ -10,8 +10,10 @@ largest .so), so the default cap of 4 GiB leaves room; `--max-member-size` raise
 
 from __future__ import annotations
 
+import lzma
 import shutil
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -27,6 +29,16 @@ CHUNK = 1 << 20
 # Methods Python's zipfile can inflate (bzip2 and lzma only when their modules were built in).
 READABLE_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 _ENCRYPTED = 0x1
+# What inflating a corrupt member can raise: zipfile's own errors, and the codecs' (found by fuzzing).
+INFLATE_ERRORS = (
+    zipfile.BadZipFile,
+    EOFError,
+    OSError,
+    RuntimeError,
+    NotImplementedError,
+    zlib.error,
+    lzma.LZMAError,
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,7 @@ def bounded_copy(
     while True:
         try:
             chunk = source.read(CHUNK)
-        except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, NotImplementedError) as error:
+        except INFLATE_ERRORS as error:
             raise corrupt(f"{what}: cannot decompress wheel member: {error}") from None
         if not chunk:
             return written
