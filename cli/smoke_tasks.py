@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from bwstack.cli.clean_tasks import report_stale
 from bwstack.cli.program import Context, finish, guarded, setting, task
 from bwstack.errors import SmokeError
 
@@ -61,6 +62,7 @@ def smoke(
             remedy="put the model path into --command",
         )
     load_recipe(setting(c, "recipe", recipe))  # an unknown --recipe is refused even with --command
+    report_stale("smoke")
     request = SmokeRequest.from_flags(
         command=command,
         model=model,

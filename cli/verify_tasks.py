@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bwstack.cli.clean_tasks import report_stale
 from bwstack.cli.program import Context, finish, guarded, task
 from bwstack.errors import SourceError
 from bwstack.inputs import number
@@ -43,6 +44,7 @@ def verify(
     from bwstack.verify.wheel_limits import Limits, parse_size
 
     archs = parse_archs(arch)
+    report_stale("verify")
     if any(not name.strip() for name in require or []):
         raise SourceError("--require needs a binary name, got an empty one", remedy="e.g. --require flash_ops")
     limits = Limits(parse_size(max_member_size))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 
 from bwstack.docker_engine import connect
 from bwstack.errors import DockerError, SmokeError
+from bwstack.reaper import Lifeline
 from bwstack.smoke.activity import ProcessTree
 from bwstack.smoke.cleanup import CleanupResult, stop_container, stop_process_group
 from bwstack.smoke.logfollow import StreamPump
@@ -90,9 +92,10 @@ def _truncate(path: Path) -> None:
 class ProcessServer:
     kind = "process"
 
-    def __init__(self, popen: subprocess.Popen[bytes], spec: LaunchSpec) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], spec: LaunchSpec, lifeline: Lifeline) -> None:
         self.popen = popen
         self.spec = spec
+        self.lifeline = lifeline
         self.log_path = spec.log_path
         self.tree = ProcessTree(lambda: [popen.pid], session=popen.pid)
         self.tree.refresh()
@@ -101,26 +104,32 @@ class ProcessServer:
     def start(cls, spec: LaunchSpec) -> ProcessServer:
         _truncate(spec.log_path)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
-        with spec.log_path.open("ab") as log:
-            try:
+        _check_runnable(spec.argv[0], env.get("PATH"))
+        # The server runs under the reaper shim: if smoke is killed outright (SIGKILL: no clean-up runs),
+        # the shim sees the lifeline close and kills the server and everything it forked.
+        lifeline = Lifeline().__enter__()
+        argv, fds = lifeline.guarded(list(spec.argv))
+        try:
+            with spec.log_path.open("ab") as log:
                 popen = subprocess.Popen(
-                    list(spec.argv),
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    env=env,
+                    env={**env, **lifeline.environment()},
+                    pass_fds=fds,
                 )
-            except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
-                raise SmokeError(
-                    f"cannot start {spec.argv[0]!r}: {error.strerror}", remedy="check --command or the recipe"
-                ) from None
+        except BaseException:
+            lifeline.close()
+            raise
         try:
-            return cls(popen, spec)
+            return cls(popen, spec, lifeline)
         except BaseException:  # interrupted (SIGTERM) before the caller holds the server: stop it here
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(popen.pid, signal.SIGKILL)
             popen.wait()
+            lifeline.close()
             raise
 
     def describe(self) -> str:
@@ -133,7 +142,24 @@ class ProcessServer:
         return ExitStatus(code=None, signal=-code) if code < 0 else ExitStatus(code=code)
 
     def stop(self, grace_s: float) -> CleanupResult:
-        return stop_process_group(self.popen, self.tree, grace_s)
+        try:
+            return stop_process_group(self.popen, self.tree, grace_s)
+        finally:
+            self.lifeline.close()
+
+
+def _check_runnable(program: str, path: str | None) -> None:
+    """The reaper shim execs the command, so a missing one is caught here, as Popen would have."""
+    found = program if "/" in program else shutil.which(program, path=path)
+    problem = None
+    if found is None or not os.path.exists(found):
+        problem = "No such file or directory"
+    elif os.path.isdir(found):
+        problem = "Is a directory"
+    elif not os.access(found, os.X_OK):
+        problem = "Permission denied"
+    if problem:
+        raise SmokeError(f"cannot start {program!r}: {problem}", remedy="check --command or the recipe")
 
 
 def docker_client() -> Any:
@@ -154,7 +180,8 @@ def _device_requests(gpus: str) -> list[Any]:
 class ContainerServer:
     kind = "container"
 
-    def __init__(self, container: Any, spec: LaunchSpec, pump: StreamPump) -> None:
+    def __init__(self, container: Any, spec: LaunchSpec, pump: StreamPump, lifeline: Lifeline) -> None:
+        self.lifeline = lifeline
         self.container = container
         self.spec = spec
         self.log_path = spec.log_path
@@ -173,7 +200,6 @@ class ContainerServer:
     ) -> ContainerServer:
         """Create and start the container. `interruptible` wraps the creation (it may pull the image for
         minutes): inside smoke's deferred launch, a signal may cut that stretch, not the rest."""
-        import docker.errors
 
         assert spec.image is not None
         _truncate(spec.log_path)
@@ -183,7 +209,7 @@ class ContainerServer:
             "network_mode": "host",
             "init": True,  # docker-init as PID 1 forwards SIGTERM: a server as PID 1 would ignore it
             "environment": {"PYTHONUNBUFFERED": "1", **spec.env},
-            "labels": {SMOKE_LABEL: "1"},
+            "labels": {SMOKE_LABEL: "1"},  # and the run's reaper labels, below
             "device_requests": _device_requests(spec.gpus),
         }
         if spec.argv:
@@ -194,6 +220,28 @@ class ContainerServer:
             options["ipc_mode"] = "host"
         if spec.model_dir is not None:
             options["volumes"] = {str(spec.model_dir): {"bind": str(spec.model_dir), "mode": "ro"}}
+        # A watcher outlives smoke: if smoke is killed outright, it removes the containers with this run's label.
+        lifeline = Lifeline().__enter__()
+        options["labels"] = lifeline.labels(SMOKE_LABEL)
+        lifeline.watch_containers()
+        try:
+            return cls._create_and_start(spec, client, options, interruptible, lifeline)
+        except BaseException:
+            lifeline.close()
+            raise
+
+    @classmethod
+    def _create_and_start(
+        cls,
+        spec: LaunchSpec,
+        client: Any,
+        options: dict[str, Any],
+        interruptible: Callable[[], AbstractContextManager[object]],
+        lifeline: Lifeline,
+    ) -> ContainerServer:
+        import docker.errors
+
+        assert spec.image is not None
         # create, then start, as `docker run` does, but in two steps: a start that fails (no NVIDIA runtime for
         # --gpus, a bad mount) leaves a container in state Created, and it must be removed like any other
         try:
@@ -214,7 +262,7 @@ class ContainerServer:
             container.start()
             pump = StreamPump(container.logs(stream=True, follow=True), spec.log_path.open("ab")).start()
             container.reload()
-            return cls(container, spec, pump)
+            return cls(container, spec, pump, lifeline)
         except docker.errors.APIError as error:
             _remove(container)  # never leave a container behind a failed start
             raise DockerError(f"cannot start a container from {spec.image}: {error.explanation or error}") from None
@@ -244,9 +292,12 @@ class ContainerServer:
         return None
 
     def stop(self, grace_s: float) -> CleanupResult:
-        result = stop_container(self.container, self.tree, grace_s)
-        self.pump.join(2.0)
-        return result
+        try:
+            result = stop_container(self.container, self.tree, grace_s)
+            self.pump.join(2.0)
+            return result
+        finally:
+            self.lifeline.close()
 
 
 def _create(client: Any, image: str, options: dict[str, Any]) -> Any:

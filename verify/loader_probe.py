@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 
 from bwstack.errors import LoaderProbeError
+from bwstack.reaper import Lifeline
 from bwstack.recipes.archs import CC
 
 RESULT_MARKER = "BWSTACK-PROBE-RESULT "
@@ -259,11 +260,16 @@ class RunningProbe:
         }
         # -B: never write __pycache__ into the folder being verified (-I ignores PYTHONDONTWRITEBYTECODE).
         command = [sys.executable, "-I", "-S", "-B", str(script), RESULT_MARKER, import_name, str(self.package_root)]
+        # Under the reaper shim, a child subreaper: what the loader forks stays its descendant (even with an
+        # empty environment, out of the session), and it all dies with verify, even if verify is SIGKILLed.
+        self.lifeline = Lifeline().__enter__()
+        command, fds = self.lifeline.guarded(command)
+        env.update(self.lifeline.environment())
         # Its own session, so a loader that forks leaves nothing behind: the whole group is killed. Output
         # goes to files, not pipes, so a forked child that keeps them open cannot stall the wait.
         with (self.scratch / "stdout").open("w") as out, (self.scratch / "stderr").open("w") as err:
             self.child = subprocess.Popen(
-                command, stdout=out, stderr=err, env=env, cwd=self.scratch, start_new_session=True
+                command, stdout=out, stderr=err, env=env, cwd=self.scratch, start_new_session=True, pass_fds=fds
             )
         self.deadline = time.monotonic() + timeout
 
@@ -309,7 +315,10 @@ class RunningProbe:
         )
 
     def close(self) -> None:
-        _kill_group(self.child)
+        self.lifeline.cut()  # the shim kills every descendant, escaped ones included, and exits
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.child.wait(timeout=5)
+        _kill_group(self.child)  # the fallback, should the shim itself be stuck
         self.child.wait()
         _kill_escaped(self.token)
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -188,7 +188,8 @@ def test_container_options(tmp_path: Path, gpus: str, shm: str | None, expected_
     assert options["network_mode"] == "host" and options["init"] is True and options["detach"] is True
     assert options["volumes"] == {str(tmp_path): {"bind": str(tmp_path), "mode": "ro"}}
     assert options["environment"] == {"PYTHONUNBUFFERED": "1", "NCCL_P2P_DISABLE": "1"}
-    assert options["labels"] == {"bwstack.smoke": "1"}
+    labels = options["labels"]  # its kind, and the reaper's run id and owner (see test_sigkill.py)
+    assert labels["bwstack.smoke"] == "1" and labels["io.bwstack.run"] and labels["io.bwstack.owner"]
     for key, value in ipc.items():
         assert options[key] == value
     assert not ({"ipc_mode", "shm_size"} - set(ipc)) & set(options)
