@@ -29,12 +29,17 @@ def _alive(process: psutil.Process) -> bool:
 class ProcessTree:
     """The server's processes, found from its root pid(s) and session, remembered once seen."""
 
-    def __init__(self, roots: Callable[[], list[int]], *, session: int | None = None) -> None:
+    def __init__(
+        self, roots: Callable[[], list[int]], *, session: int | None = None, exclude: frozenset[int] = frozenset()
+    ) -> None:
         self._roots = roots
         self._session = session
+        self._exclude = exclude  # bwstack's own reaper shim: in the tree, but not the server's
         self._known: dict[_Key, psutil.Process] = {}
 
     def _add(self, process: psutil.Process) -> None:
+        if process.pid in self._exclude:
+            return
         try:
             key = (process.pid, process.create_time())
         except psutil.Error:

@@ -97,7 +97,7 @@ class ProcessServer:
         self.spec = spec
         self.lifeline = lifeline
         self.log_path = spec.log_path
-        self.tree = ProcessTree(lambda: [popen.pid], session=popen.pid)
+        self.tree = ProcessTree(lambda: [popen.pid], session=popen.pid, exclude=frozenset({popen.pid}))
         self.tree.refresh()
 
     @classmethod
