@@ -110,7 +110,12 @@ def test_stale_containers_are_found_and_invoke_clean_removes_them(
         info.size = len(dockerfile)
         tar.addfile(info, io.BytesIO(dockerfile))
     docker_client.images.build(
-        fileobj=io.BytesIO(context.getvalue()), custom_context=True, tag=f"{repo}:x", labels=run_label
+        fileobj=io.BytesIO(context.getvalue()),
+        custom_context=True,
+        tag=f"{repo}:x",
+        labels=run_label,
+        rm=True,
+        forcerm=True,
     )
     labels = {**run_label, "bwstack.smoke": "1", OWNER_LABEL: "1:0.00"}
     container = docker_client.containers.run(f"{repo}:x", detach=True, labels=labels, network_mode="none")
