@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from bwstack.docker_engine import connect, first_line
 from bwstack.errors import DockerError, FatbinError, SourceError
+from bwstack.reaper import Lifeline
 from bwstack.verify import elf
 from bwstack.verify.fatbin import FatbinEntry, read_entries, read_source_entries
 from bwstack.verify.stream_capture import WindowMiss, capture
@@ -43,6 +44,7 @@ from bwstack.verify.wheel_limits import (
 )
 
 _CHUNK = 1 << 20
+VERIFY_LABEL = "io.bwstack.verify"  # on the never-started container an image is exported from
 _SHARED_OBJECT_SUFFIXES = (".so",)
 
 
@@ -211,7 +213,16 @@ def open_image(ref: str, *, import_name: str, client: object | None = None) -> I
     except docker.errors.APIError as error:
         raise DockerError(f"image {ref!r}: {first_line(error)}") from None
     # A command is required to create a container from a FROM-scratch image with no CMD; it never runs.
-    container = client.containers.create(ref, command=["/bwstack-never-started"], network_disabled=True)
+    # Labelled, and watched by the reaper: if verify is killed outright, the container goes too.
+    lifeline = Lifeline().__enter__()
+    lifeline.watch_containers()
+    try:
+        container = client.containers.create(
+            ref, command=["/bwstack-never-started"], network_disabled=True, labels=lifeline.labels(VERIFY_LABEL)
+        )
+    except BaseException:
+        lifeline.close()
+        raise
     try:
         with tempfile.TemporaryDirectory(prefix="bwstack-image-") as scratch:
             root = Path(scratch)
@@ -219,6 +230,7 @@ def open_image(ref: str, *, import_name: str, client: object | None = None) -> I
             yield Tree(f"image {ref}", root.resolve(), _scan_binaries(root), refused)
     finally:
         container.remove(force=True)
+        lifeline.close()
 
 
 def _wanted(name: PurePosixPath, import_name: str) -> bool:
