@@ -20,11 +20,12 @@ def docker_or_none() -> Any | None:
         return None
 
 
-def report_stale(stage: str) -> None:
-    """The second net, run as a task starts: what killed runs left is removed and said on stderr."""
+def report_stale(stage: str, *, containers: bool) -> None:
+    """The second net, run as a task starts: what killed runs left is removed and said on stderr. Containers
+    are looked for only by tasks that use Docker anyway (a process smoke run must not wait on an engine)."""
     from bwstack.reaper import sweep_stale
 
-    for line in sweep_stale(docker_or_none() if stage == "smoke" else None):
+    for line in sweep_stale(docker_or_none() if containers else None):
         print(f"bwstack: {stage}: {line}", file=sys.stderr)
 
 

@@ -62,7 +62,7 @@ def smoke(
             remedy="put the model path into --command",
         )
     load_recipe(setting(c, "recipe", recipe))  # an unknown --recipe is refused even with --command
-    report_stale("smoke")
+    report_stale("smoke", containers=bool(image))
     request = SmokeRequest.from_flags(
         command=command,
         model=model,

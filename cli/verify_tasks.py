@@ -44,7 +44,7 @@ def verify(
     from bwstack.verify.wheel_limits import Limits, parse_size
 
     archs = parse_archs(arch)
-    report_stale("verify")
+    report_stale("verify", containers=bool(image))
     if any(not name.strip() for name in require or []):
         raise SourceError("--require needs a binary name, got an empty one", remedy="e.g. --require flash_ops")
     limits = Limits(parse_size(max_member_size))

@@ -134,3 +134,18 @@ def test_stale_containers_are_found_and_invoke_clean_removes_them(
             all=True, filters={"label": f"{TEST_RUN_LABEL}={run_label[TEST_RUN_LABEL]}"}
         ):
             leftover.remove(force=True)
+
+
+def test_the_next_run_reports_and_removes_what_a_killed_run_left() -> None:
+    from tests.paths import package
+
+    stale = subprocess.Popen(["sleep", "304"], env={**os.environ, OWNER_ENV: "1:0.00"})
+    try:
+        result = invoke("verify", "--arch", "sm120", "--path", str(package("good")))
+        assert result.returncode == 0, result.stderr
+        assert f"bwstack: verify: removed process {stale.pid} (sleep 304" in result.stderr
+        assert stale.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+            stale.wait()
