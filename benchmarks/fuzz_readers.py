@@ -260,7 +260,7 @@ def worker(index: int, seeds: list[tuple[int, str]], args: argparse.Namespace, o
     warnings.simplefilter("ignore")  # zipfile warns about the duplicated names we write on purpose
     binaries, packages = load_corpus()
     state = {"binaries": binaries, "packages": packages, "fields": [structural_fields(b) for b in binaries]}
-    scratch = Path(tempfile.mkdtemp(prefix=f"bwstack-fuzz-{index}-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"worker-{index}-", dir=args.scratch))
     tempfile.tempdir = str(scratch)  # the readers' own temp copies land in this worker's scratch too
     try:
         for seed, kind in seeds:
@@ -292,7 +292,10 @@ def worker(index: int, seeds: list[tuple[int, str]], args: argparse.Namespace, o
 
 def fuzz(cases: int, workers: int = 2, seed: int = 1, case_seconds: float = 5.0, memory_mb: int = 1024) -> dict:
     """Run `cases` cases over `workers` forked workers; the summary as a dict."""
-    args = argparse.Namespace(case_seconds=case_seconds, memory_mb=memory_mb)
+    # One folder for all workers, removed at the end even if a killed worker could not remove its own.
+    args = argparse.Namespace(
+        case_seconds=case_seconds, memory_mb=memory_mb, scratch=tempfile.mkdtemp(prefix="bwstack-fuzz-")
+    )
     master = random.Random(seed)
     todo = [(master.getrandbits(48), master.choice(KINDS)) for _ in range(cases)]
     started = time.monotonic()
@@ -363,6 +366,7 @@ def fuzz(cases: int, workers: int = 2, seed: int = 1, case_seconds: float = 5.0,
                     crashes.append({"seed": seed_, "kind": kind, "outcome": outcome, "detail": detail})
                 if rest[1:]:
                     spawn(len(running), rest[1:])
+    shutil.rmtree(args.scratch, ignore_errors=True)
     return {
         "cases": sum(counts.values()),
         "by_reader": dict(by_kind),
