@@ -34,8 +34,9 @@ CHUNK = 1 << 20
 _CARRY = 1 << 12  # overlap kept between chunks so a header split across two is still seen whole
 # Header windows kept in one pass, besides the tail (bytes plus a per-window allowance for Python's object
 # overhead). Real libraries need well under 1 MiB (a few thousand entries); past this it is hostile padding.
-KEEP_BUDGET = 8 << 20
-_WINDOW_OVERHEAD = 96
+KEEP_BUDGET = 4 << 20
+_FOLLOWER_COST = 512  # a follower and the windows it will want (header, padding, entries)
+_WINDOW_OVERHEAD = 160  # a (start, bytes) tuple in a list, and the follower behind it
 
 
 class WindowMiss(FatbinError):
@@ -98,6 +99,8 @@ def capture(stream: BinaryIO, size: int, label: str) -> WindowSource:
             if found < 0:
                 break
             followers.append(_Follower(data_start + found))
+            if len(followers) * _FOLLOWER_COST > KEEP_BUDGET:  # checked per container: one chunk can hold 65,536
+                raise WindowMiss(f"{label}: more fatbin containers than one pass follows ({len(followers)})")
             at = found + 1
             if found + _CONTAINER.size <= len(data):
                 _magic, _version, header_size, body = _CONTAINER.unpack_from(data, found)
