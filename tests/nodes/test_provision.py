@@ -12,6 +12,7 @@ import pytest
 from bwstack.images.build import build_images
 from bwstack.nodes.preflight.host import HostPaths, HostThresholds
 from bwstack.nodes.provision import DEMO_MODEL, ProvisionRequest, run_provision
+from bwstack.reaper import extra_labels
 from tests.fakes import fake_pynvml as fakes
 from tests.helpers import invoke
 
@@ -46,7 +47,9 @@ def demo_images(docker_client, module_images):
 
 
 def smoke_containers(client) -> list:
-    return client.containers.list(all=True, filters={"label": "bwstack.smoke"})
+    """This test run's smoke containers (BWSTACK_LABELS puts the run's label on them; others may share the engine)."""
+    this_run = [f"{key}={value}" for key, value in extra_labels().items()]
+    return client.containers.list(all=True, filters={"label": ["bwstack.smoke", *this_run]})
 
 
 @pytest.mark.docker

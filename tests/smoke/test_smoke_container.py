@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from bwstack.errors import DockerError
+from bwstack.reaper import extra_labels
 from bwstack.smoke import SmokeRequest, run_smoke
 from bwstack.smoke.launch import SMOKE_LABEL
 from tests.emulator.support import DEMO_SERVER, free_port, signal_smoke_when
@@ -42,8 +43,9 @@ def demo_image(
 
 
 def smoke_containers(client: Any, port: int) -> list[Any]:
-    """This test's smoke containers (named after the port; other test runs may share the engine)."""
-    found = client.containers.list(all=True, filters={"label": SMOKE_LABEL})
+    """This test's smoke containers: this run's label, named after the port (others may share the engine)."""
+    this_run = [f"{key}={value}" for key, value in extra_labels().items()]
+    found = client.containers.list(all=True, filters={"label": [SMOKE_LABEL, *this_run]})
     return [c for c in found if c.name.startswith(f"bwstack-smoke-{port}-")]
 
 

@@ -68,7 +68,7 @@ def test_the_single_pass_gives_up_early_on_padding() -> None:
     archive = zipfile.ZipFile(io.BytesIO(wheel_bytes({"lib.so": data})))
 
     def one_pass():
-        with archive.open("lib.so") as member, pytest.raises(WindowMiss, match="more fatbin (headers|containers)"):
+        with archive.open("lib.so") as member, pytest.raises(WindowMiss, match=r"more fatbin (headers|containers)"):
             capture(member, len(data), "lib.so")
 
     _, peak = peak_of(one_pass)
