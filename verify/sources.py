@@ -157,7 +157,8 @@ def open_wheel(wheel: Path, limits: Limits | None = None) -> Iterator[Tree]:
         raise SourceError(f"{wheel}: {what}", remedy="pass --wheel a .whl file")
     try:
         archive = zipfile.ZipFile(wheel)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as error:  # ValueError: negative offsets
+    # ValueError: negative offsets; NotImplementedError: a "version needed to extract" zipfile lacks
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as error:
         raise SourceError(f"{wheel}: not a readable wheel (zip): {error}") from None
     for info in archive.infolist():
         check_member(wheel, info, limits)

@@ -38,6 +38,7 @@ INFLATE_ERRORS = (
     NotImplementedError,
     zlib.error,
     lzma.LZMAError,
+    ValueError,  # a local header's name that is not the UTF-8 its flag claims (UnicodeDecodeError)
 )
 
 

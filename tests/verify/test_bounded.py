@@ -211,3 +211,33 @@ def test_the_fixture_package_still_verifies_through_a_wheel(tmp_path: Path) -> N
         assert tree.binaries and tree.refused == []
         for relative in tree.binaries:
             assert tree.read(relative) == read_entries(root / relative)
+
+
+def patched(data: bytes, signature: bytes, offset: int, value: bytes) -> bytes:
+    out = bytearray(data)
+    at = out.find(signature)
+    while at >= 0:
+        out[at + offset : at + offset + len(value)] = value
+        at = out.find(signature, at + 4)
+    return bytes(out)
+
+
+def test_found_by_fuzzing_a_version_zipfile_cannot_read_is_one_line(tmp_path: Path) -> None:
+    plain = wheel_of(tmp_path / "plain.whl", {"sgl_kernel/lib.so": MULTI.read_bytes()}, zipfile.ZIP_STORED)
+    wheel = tmp_path / "v.whl"
+    wheel.write_bytes(patched(plain.read_bytes(), b"PK\x01\x02", 6, struct.pack("<H", 128)))  # "version 12.8"
+    with pytest.raises(SourceError, match="not a readable wheel"), sources.open_wheel(wheel):
+        pass
+
+
+def test_found_by_fuzzing_a_member_name_that_is_not_the_utf8_it_claims(tmp_path: Path) -> None:
+    plain = wheel_of(tmp_path / "plain.whl", {"sgl_kernel/lib.so": MULTI.read_bytes()}, zipfile.ZIP_STORED)
+    data = bytearray(plain.read_bytes())
+    local = data.find(b"PK\x03\x04", data.find(b"sgl_kernel/lib.so") - 40)
+    data[local + 7] |= 0x08  # flag bit 11: the name is UTF-8
+    name = data.find(b"lib.so", local)
+    data[name] = 0xDB  # ...but it is not
+    wheel = tmp_path / "u.whl"
+    wheel.write_bytes(bytes(data))
+    with sources.open_wheel(wheel) as tree, pytest.raises(FatbinError, match="cannot decompress wheel member"):
+        tree.read("sgl_kernel/lib.so")
