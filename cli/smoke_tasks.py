@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
+
+if TYPE_CHECKING:
+    from bwstack.smoke.history import HistoryOptions
 
 
 @task(
@@ -28,6 +32,10 @@ from bwstack.cli.program import Context, finish, guarded, setting, task
         "gpus": "containers: auto (every GPU NVML sees), all, none, or device ids 0,1 (default auto)",
         "shm_size": "containers: /dev/shm size such as 32g instead of host IPC",
         "grace": "seconds between SIGTERM and SIGKILL at clean-up (default 10)",
+        "history": "SQLite file of phase timings this run is recorded in and compared with (default "
+        "$BWSTACK_HISTORY or ~/.local/share/bwstack/history.sqlite; 'off' records nothing)",
+        "fail_on_regression": "exit 1 when a phase took more than max(2 x median, median + 60 s) of the last "
+        "5 runs with the same key (default: a warning)",
     },
 )
 @guarded
@@ -49,6 +57,8 @@ def smoke(
     gpus: str = "auto",
     shm_size: str | None = None,
     grace: str = "10",
+    history: str | None = None,
+    fail_on_regression: bool = False,
 ) -> None:
     """Start a server, follow its start-up phases, probe it, name a crash/hang/timeout; exit 0 only when ready."""
     from bwstack.smoke import SmokeRequest, run_smoke
@@ -69,4 +79,21 @@ def smoke(
         shm_size=shm_size,
         grace=grace,
     )
-    finish(run_smoke(request, progress=lambda line: print(line, file=sys.stderr, flush=True)), json=json, junit=junit)
+    report = run_smoke(
+        request,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        history=history_options(history, fail_on_regression=fail_on_regression),
+    )
+    finish(report, json=json, junit=junit)
+
+
+def history_options(given: str | None, *, fail_on_regression: bool, kind: str = "smoke") -> HistoryOptions | None:
+    """--history FILE, the default store, or None for 'off'."""
+    from pathlib import Path
+
+    from bwstack.smoke.history import HistoryOptions, default_path
+
+    if given and given.strip().lower() == "off":
+        return None
+    path = Path(given).expanduser() if given else default_path()
+    return HistoryOptions(path, fail_on_regression=fail_on_regression, kind=kind)

@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from bwstack.smoke import diagnose as dx
 from bwstack.smoke.activity import ActivityMonitor
 from bwstack.smoke.cleanup import CleanupResult
 from bwstack.smoke.gpu import GpuSampler, open_gpu_sampler
+from bwstack.smoke.history import HistoryOptions, file_run, image_id, run_key
 from bwstack.smoke.interrupt import TerminationGuard
 from bwstack.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
 from bwstack.smoke.logfollow import FileFollower
@@ -29,6 +31,20 @@ from bwstack.smoke.request import ServerCommand, SmokeRequest, resolve_command
 from bwstack.smoke.watch import Outcome, Verdict, WatchConfig, Watcher
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReadyServer:
+    """A server smoke found ready, handed to `on_ready` while it still runs (bench measures it there)."""
+
+    host: str
+    port: int
+    log_path: Path
+    engine: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
 
 def _stamped(progress: Progress | None) -> Progress:
@@ -152,6 +168,8 @@ def run_smoke(
     *,
     progress: Progress | None = None,
     gpu: GpuSampler | None = None,
+    on_ready: Callable[[ReadyServer], None] | None = None,
+    history: HistoryOptions | None = None,
 ) -> Report:
     """Start the server, follow it to a verdict, diagnose, stop everything, and report.
 
@@ -159,6 +177,9 @@ def run_smoke(
     a bad command, an unreachable engine, a missing model folder or recipe; a log folder it made for
     such a run is removed. A SIGTERM, SIGHUP or SIGINT during the run stops the server and then raises
     SmokeInterrupted (a KeyboardInterrupt carrying `signum`: the task exits 128 + signum).
+
+    `on_ready` is called with the server once it is ready, before it is stopped (an exception from it
+    still stops the server). With `history`, the run's phase timings are recorded and compared there.
     """
     say = _stamped(progress)
     command = resolve_command(request)
@@ -212,6 +233,8 @@ def run_smoke(
                         )
                         outcome = watcher.run()
                         diagnosis = _diagnose(outcome, server, tracker, probe, sampler, say)
+                        if on_ready is not None and outcome.verdict is Verdict.READY:
+                            on_ready(ReadyServer(request.host, command.port, log_path, command.engine))
                 finally:
                     announced = guard.received
                     if announced is not None:
@@ -226,7 +249,7 @@ def run_smoke(
                     if announced is None and guard.received is not None:
                         say(f"received {signal.Signals(guard.received).name} during the clean-up: exiting")
             follower.read_all_new()
-            return build_report(
+            report = build_report(
                 request=request,
                 command=command,
                 server=server,
@@ -236,6 +259,18 @@ def run_smoke(
                 probe=probe,
                 log_tail=follower.tail(),
             )
+            if history is not None:
+                key = run_key(
+                    recipe=request.recipe,
+                    engine=command.engine,
+                    model=request.model,
+                    gpu_names=[g.name for g in sampler.read()] if sampler.available else [],
+                    image=image_id(client, request.image),
+                    from_recipe=command.source != "--command",
+                )
+                for found in file_run(history, key, report):
+                    say(f"regression: {found.finding}")
+            return report
         finally:
             probe.close()
             if client is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,3 +55,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if _require_docker() and report.skipped and item.get_closest_marker("docker") is not None:
         report.outcome = "failed"
         report.longrepr = f"Docker test skipped under BWSTACK_REQUIRE_DOCKER=1: {report.longrepr}"
+
+
+# No test may write the user's phase history: every smoke or bench run a test starts (in this process or
+# as a subprocess, which inherits the environment) records into a throw-away file instead.
+os.environ["BWSTACK_HISTORY"] = os.path.join(tempfile.mkdtemp(prefix="bwstack-test-history-"), "history.sqlite")

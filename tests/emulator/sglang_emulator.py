@@ -33,6 +33,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import serving  # tests/emulator/serving.py: run as a script, this folder is on sys.path
+
 SCENARIOS = (
     "healthy",
     "incident",
@@ -174,6 +176,7 @@ class State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.warm = threading.Event()
+        self.serving = serving.Serving(args, emit)
 
 
 def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
@@ -195,6 +198,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
+            if state.serving.handle_get(self):
+                return
             if self.path == "/health":
                 healthy = state.warm.is_set() and args.scenario != "health-503"
                 self.reply(200 if healthy else 503, {} if healthy else {"detail": "server is starting"})
@@ -216,6 +221,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 threading.Event().wait()  # a request stuck in the scheduler: asleep, never answered
             if args.scenario == "bad-completion":
                 self.reply(200, {"id": "cmpl-0", "object": "text_completion", "choices": []})
+                return
+            if request.get("stream"):
+                state.serving.stream(self, request)
                 return
             prompt = str(request.get("prompt") or request.get("text") or "")
             text = " Paris. It is also the" if "France" in prompt else " a test reply"
@@ -271,6 +279,7 @@ def main() -> None:
     parser.add_argument("--busy-s", type=float, default=2.5, help="silent CPU-busy capture (slow-progress)")
     parser.add_argument("--step-s", type=float, default=0.05, help="pause between log lines")
     parser.add_argument("--warmup-s", type=float, default=0.3, help="/health stays 503 this long after listening")
+    serving.add_arguments(parser)
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     args, _sglang_flags = parser.parse_known_args()  # accepts the rest of SGLang's command line
