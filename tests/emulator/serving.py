@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-seed", type=int, default=0)
     parser.add_argument("--enable-metrics", action="store_true", help="serve Prometheus /metrics")
     parser.add_argument("--decode-log-interval", type=int, default=40, help="decode steps between log lines")
+    parser.add_argument("--no-usage", action="store_true", help="never stream usage (clients count chunks)")
 
 
 class Serving:
@@ -140,7 +141,7 @@ class Serving:
                 self._count(tokens)
                 finish = "length" if made >= wanted else None
                 send({**base, "choices": [{"index": 0, "text": " tok" * tokens, "finish_reason": finish}]})
-            if (request.get("stream_options") or {}).get("include_usage"):
+            if (request.get("stream_options") or {}).get("include_usage") and not self.args.no_usage:
                 prompt_tokens = len(str(request.get("prompt") or "").split())
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": made}
                 usage["total_tokens"] = prompt_tokens + made
