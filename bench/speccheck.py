@@ -82,7 +82,7 @@ def judge(
     min_speedup: float = 1.1,
     min_accept_length: float = 2.0,
 ) -> Report:
-    report = Report(kind="spec-check", subject=f"{base.target.describe()} vs {spec.target.describe()}")
+    report = Report(kind="spec-check", subject=spec.target.describe())  # the base is the first check
     runs = {"base": bench_report(base, settings), "speculative": bench_report(spec, settings)}
     for name, run in runs.items():
         failed = run.failures()

@@ -275,9 +275,18 @@ class HistoryOptions:
 
 
 def run_key(
-    *, recipe: str, engine: str, model: Path | None, gpu_names: list[str], image: str = "", from_recipe: bool = True
+    *,
+    recipe: str,
+    engine: str,
+    model: Path | None,
+    gpu_names: list[str],
+    image: str = "",
+    command: tuple[str, ...] = (),
 ) -> RunKey:
-    """The key a run is filed under; the engine's version comes from the recipe's pin when it has one."""
+    """The key a run is filed under; the engine's version comes from the recipe's pin when it has one.
+    A run given `command` (smoke --command) is filed under that command line's digest instead of a recipe:
+    two different servers started by hand must not be compared with each other."""
+    from_recipe = not command
     version = ""
     if from_recipe:
         from bwstack.errors import RecipeError
@@ -287,7 +296,7 @@ def run_key(
             pinned = load_recipe(recipe)
             version = pinned.sglang.version if engine == "sglang" and pinned.sglang else ""
     return RunKey(
-        recipe=recipe if from_recipe else "--command",
+        recipe=recipe if from_recipe else "--command " + hashlib.sha256("\0".join(command).encode()).hexdigest()[:8],
         image=image,
         model=model_digest(model),
         engine=f"{engine} {version}".strip(),

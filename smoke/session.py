@@ -266,7 +266,7 @@ def run_smoke(
                     model=request.model,
                     gpu_names=[g.name for g in sampler.read()] if sampler.available else [],
                     image=image_id(client, request.image),
-                    from_recipe=command.source != "--command",
+                    command=command.argv if command.source == "--command" else (),
                 )
                 for found in file_run(history, key, report):
                     say(f"regression: {found.finding}")

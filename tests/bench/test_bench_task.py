@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -120,3 +121,43 @@ def test_spec_check_bad_input_exits_2() -> None:
         done = invoke("spec-check", *args)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+def test_a_server_that_never_gets_ready_fails_the_bench_with_smokes_verdict(tmp_path: Path) -> None:
+    port = free_port()
+    command = shlex.join(emulator_command(port, "crash-no-kernel-image", "--tp", "1"))
+    done = invoke("bench", "--command", command, "--port", str(port), *SMALL, "--stall-timeout", "5",
+                  "--json", str(tmp_path / "b.json"))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    server = next(c for c in report["checks"] if c["name"] == "server")
+    assert server["status"] == "fail" and "crash" in server["finding"] and report["levels"] == []
+    assert "is ready; measuring" not in done.stderr
+    assert not processes_mentioning(f"--port {port}")
+
+
+def test_sigterm_during_the_bench_stops_the_server_it_started() -> None:
+    port = free_port()
+    command = shlex.join(emulator_command(port, "healthy", "--tp", "1", "--warmup-s", "0", "--token-rate", "20"))
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--command", command, "--port", str(port), "--requests", "50",
+         "--concurrency", "2", "--output-len", "64", "--stall-timeout", "5"],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines = []
+    try:
+        assert bench.stderr is not None
+        for line in bench.stderr:
+            lines.append(line)
+            if "is ready; measuring" in line:
+                bench.send_signal(signal.SIGTERM)
+                break
+        _, rest = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    text = "".join(lines) + rest
+    assert bench.returncode == 128 + signal.SIGTERM, text
+    assert "smoke: stopped: nothing left running" in text
+    assert not processes_mentioning(f"--port {port}")

@@ -143,7 +143,7 @@ def test_every_smoke_run_is_recorded_and_history_shows_the_trend(tmp_path: Path)
         assert done.returncode == 0, done.stderr
     runs = HistoryStore(store).runs()
     assert len(runs) == 3 and {r.key.digest for r in runs} == {runs[0].key.digest}
-    assert runs[0].key.recipe == "--command" and runs[0].key.engine == "sglang"
+    assert runs[0].key.recipe.startswith("--command ") and runs[0].key.engine == "sglang"
     assert {"loading-weights", "to-listening", "to-ready"} <= runs[-1].timings.keys()
     done = run_task("history", "--history", str(store), "--last", "2", "--json", str(tmp_path / "h.json"))
     assert done.returncode == 0, done.stderr
