@@ -328,7 +328,9 @@ def file_run(options: HistoryOptions, key: RunKey, report: Any) -> list[Regressi
     elif len(previous) < MINIMUM:
         report.add(Check("regression", Status.SKIP, f"{len(previous)} earlier runs with this key, {MINIMUM} needed"))
     else:
-        report.add(Check("regression", Status.PASS, f"every phase within the last {len(previous[-WINDOW:])} runs'"))
+        runs = len(previous[-WINDOW:])
+        finding = f"no phase over max(2 x median, median + 60 s) of the last {runs} runs"
+        report.add(Check("regression", Status.PASS, finding))
     report.data["history"] = {
         "path": str(store.path),
         "run_id": run_id,

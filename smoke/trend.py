@@ -46,7 +46,7 @@ def trend_report(path: Path, *, last: int = 20) -> Report:
             Check(
                 f"{newest.key.describe()} [{digest[:8]}]",
                 Status.WARN if slow else Status.PASS,
-                f"{len(group)} runs ({verdicts}), newest {when} {newest.kind}: {text}"
+                f"{len(group)} run{'s' if len(group) > 1 else ''} ({verdicts}), newest {when} {newest.kind}: {text}"
                 + (f"; regression: {'; '.join(slow)}" if slow else ""),
                 evidence={"key": asdict(newest.key), "runs": [r.to_dict() for r in group]},
             )

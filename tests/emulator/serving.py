@@ -21,10 +21,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Emit = Callable[[str, int | None], None]
+
+# socketserver listens with a backlog of 5: eight clients connecting at once lose a SYN and wait a second for
+# its retransmission, a TTFT the emulator never meant. uvicorn listens with 2048. (The emulator's only server.)
+ThreadingHTTPServer.request_queue_size = 2048
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
