@@ -176,15 +176,15 @@ class Recipe:
         command += ["--tp", str(self.serve.tp), "--host", host, "--port", str(port)]
         # Prometheus /metrics is off by default in SGLang; bench reads throughput and acceptance there.
         command.append("--enable-metrics")
-        spec = self.speculative if speculative is None or speculative is True else speculative or None
-        if spec is not None:
-            command += spec.sglang_args()
         if self.serve.trust_remote_code:
             command.append("--trust-remote-code")
         if self.serve.tool_call_parser:
             command += ["--tool-call-parser", self.serve.tool_call_parser]
         if self.serve.reasoning_parser:
             command += ["--reasoning-parser", self.serve.reasoning_parser]
+        spec = self.speculative if speculative is None or speculative is True else speculative or None
+        if spec is not None:
+            command += spec.sglang_args()
         return command + list(self.serve.extra_args)
 
     def to_dict(self) -> dict[str, Any]:

@@ -161,3 +161,30 @@ def test_sigterm_during_the_bench_stops_the_server_it_started() -> None:
     assert bench.returncode == 128 + signal.SIGTERM, text
     assert "smoke: stopped: nothing left running" in text
     assert not processes_mentioning(f"--port {port}")
+
+
+def test_spec_check_from_a_recipe_starts_the_same_server_without_and_with_the_drafter(tmp_path: Path) -> None:
+    from invoke import Context
+
+    from bwstack.cli.bench_tasks import _recipe_pair
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "draft").mkdir()
+    flags = {"recipe": "sglang", "port": None, "startup_timeout": "1800", "stall_timeout": "120"}
+    base, spec = _recipe_pair(Context(), str(tmp_path / "model"), str(tmp_path / "draft"), None, flags)
+    assert base.smoke.model == spec.smoke.model == tmp_path / "model"
+    assert base.smoke.port == spec.smoke.port == 30000 and base.smoke.engine == "sglang"
+    base_argv, spec_argv = list(base.smoke.command), list(spec.smoke.command)
+    assert "--enable-metrics" in base_argv and not [a for a in base_argv if a.startswith("--speculative")]
+    assert spec_argv[: len(base_argv)] == base_argv  # the same server, plus the drafter
+    extra = " ".join(spec_argv[len(base_argv) :])
+    assert f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {tmp_path / 'draft'}" in extra
+
+
+def test_history_of_a_file_that_is_not_a_store_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "junk.sqlite").write_text("not a database")
+    done = invoke("history", "--history", str(tmp_path / "junk.sqlite"))
+    assert done.returncode == 2 and "cannot open the history" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    empty = invoke("history", "--history", str(tmp_path / "fresh.sqlite"))
+    assert empty.returncode == 2 and "does not exist" in empty.stderr
