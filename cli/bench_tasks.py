@@ -257,6 +257,7 @@ def _recipe_pair(c: Context, model: str, draft: str, image: str | None, flags: d
     speculative = dataclasses.replace(
         recipe.speculative or SpeculativeSpec(algorithm="EAGLE3", num_steps=3, eagle_topk=1, num_draft_tokens=4),
         draft_model=drafter,
+        enabled=True,
     )
     targets = []
     for spec in (False, speculative):

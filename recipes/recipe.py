@@ -106,6 +106,7 @@ class SpeculativeSpec:
     num_steps: int = 3
     eagle_topk: int = 1
     num_draft_tokens: int = 4
+    enabled: bool = True  # false keeps the table (for spec-check and the advisor) but serves without a drafter
 
     def sglang_args(self) -> list[str]:
         args = ["--speculative-algorithm", self.algorithm]
@@ -183,7 +184,7 @@ class Recipe:
         if self.serve.reasoning_parser:
             command += ["--reasoning-parser", self.serve.reasoning_parser]
         spec = self.speculative if speculative is None or speculative is True else speculative or None
-        if spec is not None:
+        if spec is not None and (spec.enabled or speculative is not None):
             command += spec.sglang_args()
         return command + list(self.serve.extra_args)
 

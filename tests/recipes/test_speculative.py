@@ -46,6 +46,11 @@ def test_the_table_becomes_sglang_flags_and_spec_check_can_turn_it_off(tmp_path:
     off = recipe.serve_command("/m", host="127.0.0.1", port=9, speculative=False)
     assert "--enable-metrics" in off and not any(f.startswith("--speculative") for f in off)
     assert load_recipe("sglang").speculative is None  # optional: the shipped recipe does not speculate
+    disabled = load_recipe(str(recipe_with(tmp_path, TABLE + "enabled = false\n")))
+    assert not any(f.startswith("--speculative") for f in disabled.serve_command("/m", host="h", port=1))
+    assert recipe.speculative is not None
+    forced = disabled.serve_command("/m", host="h", port=1, speculative=recipe.speculative)
+    assert "--speculative-algorithm" in forced  # spec-check's speculative run, whatever `enabled` says
 
 
 @pytest.mark.parametrize(
