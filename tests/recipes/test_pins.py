@@ -179,3 +179,16 @@ def test_bump_refuses_a_field_the_recipe_does_not_have() -> None:
     with pytest.raises(RecipeError, match=r"exactly one line nope = "):
         bump(RECIPE.read_text(), {"sglang.nope": "1"})
     assert bump('[a]\nv = "1"  # why\n[b]\nv = "2"\n', {"b.v": "3"}) == '[a]\nv = "1"  # why\n[b]\nv = "3"\n'
+
+
+def test_the_sm120_build_stage_works_in_the_folder_the_pinned_kernel_is_released_from() -> None:
+    from bwstack.images.render import render
+
+    recipe = load_recipe("sglang")
+    assert recipe.sgl_kernel
+    kernel = metadata(released_wheel("sglang-kernel", recipe.sgl_kernel.version))
+    (homepage,) = [u.split(",", 1)[1].strip() for u in kernel.get_all("Project-URL") if u.startswith("Homepage,")]
+    folder = homepage.split("/tree/", 1)[1].split("/", 1)[1]
+    build_stage = render(recipe, "sm120").dockerfile.split(" AS runtime")[0]
+    assert f"WORKDIR /src/repo/{folder}\n" in build_stage
+    assert build_stage.count("WORKDIR /src/repo/") == 1
