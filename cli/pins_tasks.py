@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
+from bwstack.errors import BwstackError
 
 
 @task(
@@ -27,17 +28,26 @@ def pins(
     junit: str | None = None,
 ) -> None:
     """Check the recipe's pins against what its SGLang wheel requires (exit 1 names the value to use)."""
+    from packaging.version import InvalidVersion, Version
+
     from bwstack.images.pin_bump import bump_recipe
     from bwstack.recipes.pins import pins_report
     from bwstack.recipes.recipe import load_recipe
     from bwstack.recipes.registry import PipRegistry, cache_dir, target_for
 
     loaded = load_recipe(setting(c, "recipe", recipe))
-    python = loaded.python.version if loaded.python else ""
-    target = target_for(python, loaded.base.tag, where=str(loaded.path))
+    if loaded.sglang is None or loaded.python is None:
+        raise BwstackError(
+            f"{loaded.path}: recipe {loaded.name} pins no SGLang ([sglang] and [python]): nothing to check"
+        )
+    target = target_for(loaded.python.version, loaded.base.tag, where=str(loaded.path))
     fetch = PipRegistry(target, cache_dir(), refresh=refresh)
     if bump_sglang:
-        report = bump_recipe(loaded, bump_sglang.strip(), target, fetch, out=setting(c, "out", out))
+        try:
+            version = str(Version(bump_sglang.strip()))
+        except InvalidVersion:
+            raise BwstackError(f"--bump-sglang {bump_sglang!r}: not a version (e.g. 0.5.24)") from None
+        report = bump_recipe(loaded, version, target, fetch, out=setting(c, "out", out))
     else:
         report = pins_report(loaded, target, fetch)
     finish(report, json=json, junit=junit)
