@@ -192,3 +192,10 @@ def test_the_sm120_build_stage_works_in_the_folder_the_pinned_kernel_is_released
     build_stage = render(recipe, "sm120").dockerfile.split(" AS runtime")[0]
     assert f"WORKDIR /src/repo/{folder}\n" in build_stage
     assert build_stage.count("WORKDIR /src/repo/") == 1
+
+
+def test_a_recipe_without_sglang_is_one_line_and_exit_2() -> None:
+    result = invoke("pins", "--recipe", "demo")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "recipe demo pins no SGLang" in line
