@@ -172,7 +172,7 @@ def image_labels(recipe: Recipe, arch: Arch, digest: str) -> dict[str, str]:
 
 def render(
     recipe: Recipe,
-    arch_text: str,
+    arch_text: str | Arch,
     *,
     repo: str = "bwstack",
     build_args: dict[str, str] | None = None,

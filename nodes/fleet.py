@@ -23,6 +23,7 @@ from bwstack.nodes.fleet_spec import (
     PLAYBOOK,
     FleetSpec,
 )
+from bwstack.recipes.archs import Arch
 from bwstack.templating import strict_environment
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates" / "fleet"
@@ -31,7 +32,7 @@ TEMPLATES_DIR = Path(__file__).resolve().parent / "templates" / "fleet"
 def spec_for_recipe(
     recipe: str,
     *,
-    arch: str,
+    arch: str | Arch,
     image: str | None = None,
     repo: str = "bwstack",
     model_dir: str | None = None,

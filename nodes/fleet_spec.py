@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from bwstack.recipes.archs import CC
+from bwstack.recipes.archs import CC, cc_text
 
 DAEMONSET = "daemonset.yaml"
 PLAYBOOK = "playbook.yml"
@@ -39,7 +39,7 @@ class FleetSpec:
 
     @property
     def cc_str(self) -> str:
-        return f"{self.cc[0]}.{self.cc[1]}"
+        return cc_text(self.cc)
 
     @property
     def preflight_command(self) -> list[str]:

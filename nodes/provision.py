@@ -22,7 +22,7 @@ from typing import Any
 from bwstack.errors import BwstackError
 from bwstack.images.render import IMAGES_DIR
 from bwstack.nodes.preflight import PreflightRequest, node_ccs, request_for_recipe, run_preflight
-from bwstack.recipes.archs import Arch, arch_for_cc, parse_arch
+from bwstack.recipes.archs import Arch, arch_for_cc, cc_text, parse_arch
 from bwstack.recipes.recipe import load_recipe
 from bwstack.report import Check, Report, Status
 from bwstack.smoke import SmokeRequest, run_smoke
@@ -214,7 +214,7 @@ def run_provision(
 
 def _preflight_request(request: ProvisionRequest, recipe: str, model: Path | None) -> PreflightRequest:
     if request.demo:
-        return dataclasses.replace(request_for_recipe(recipe, arch=DEMO_ARCH, model=model, tp=1), gpus=False)
+        return dataclasses.replace(request_for_recipe(recipe, archs=[DEMO_ARCH], model=model, tp=1), gpus=False)
     return request_for_recipe(recipe, model=model)
 
 
@@ -227,7 +227,7 @@ def _node_archs(preflight: Report, demo: bool) -> tuple[list[Arch], list[str]]:
     for cc in sorted(set(node_ccs(preflight))):
         arch = arch_for_cc(cc)
         if arch is None:
-            unknown.append(f"{cc[0]}.{cc[1]}")
+            unknown.append(cc_text(cc))
         else:
             archs[arch.name] = arch
     return list(archs.values()), unknown

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from bwstack.nodes.preflight.driver import Support, judge_driver
 from bwstack.nodes.preflight.nvml import GpuFacts, NodeFacts
-from bwstack.recipes.archs import CC, Arch, arch_for_cc
+from bwstack.recipes.archs import CC, Arch, arch_for_cc, cc_text
 from bwstack.report import Check, Status
 from bwstack.verify import compat
 from bwstack.verify.fatbin import FatbinEntry
@@ -154,7 +154,7 @@ def check_arch(facts: NodeFacts, want: NodeRequirements) -> Check:
     misfits = [g for g in facts.gpus if not any(runs_on(a, g.cc) for a in want.archs)]
     if misfits:
         unknown = [g for g in misfits if arch_for_cc(g.cc) is None]
-        names = ", ".join(f"GPU {g.index} {g.name} (CC {g.cc[0]}.{g.cc[1]})" for g in misfits)
+        names = ", ".join(f"GPU {g.index} {g.name} (CC {cc_text(g.cc)})" for g in misfits)
         why = f"{names}: not covered by {' / '.join(a.build_target for a in want.archs)}"
         if unknown:
             why += "; bwstack's arch table has no row for that CC"
@@ -182,7 +182,7 @@ def check_arch(facts: NodeFacts, want: NodeRequirements) -> Check:
 
 
 def _describe(kinds: Counter[tuple[str, CC]]) -> str:
-    return ", ".join(f"{n}x {name} (CC {cc[0]}.{cc[1]})" for (name, cc), n in kinds.items())
+    return ", ".join(f"{n}x {name} (CC {cc_text(cc)})" for (name, cc), n in kinds.items())
 
 
 def interconnect_kind(facts: NodeFacts) -> str | None:
