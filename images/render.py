@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 
 from bwstack.errors import RenderError
+from bwstack.inputs import writing
 from bwstack.recipes.archs import Arch
 from bwstack.recipes.recipe import Recipe
 from bwstack.templating import strict_environment
@@ -237,12 +238,8 @@ def write(rendered: RenderedImage, out: Path) -> Path:
     folder = out / rendered.dirname
     dockerfile = folder / "Dockerfile"
     manifest = json.dumps(rendered.manifest(), indent=2, sort_keys=True) + "\n"
-    try:
+    with writing(folder, error=RenderError, remedy="pass --out a writable folder"):
         folder.mkdir(parents=True, exist_ok=True)
         dockerfile.write_text(rendered.dockerfile, encoding="utf-8")
         (folder / "build.json").write_text(manifest, encoding="utf-8")
-    except OSError as error:
-        raise RenderError(
-            f"cannot write {folder}: {error.strerror or error}", remedy="pass --out a writable folder"
-        ) from None
     return dockerfile

@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from bwstack.errors import RenderError
+from bwstack.inputs import writing
 from bwstack.nodes.fleet_checks import validate_daemonset, validate_playbook
 from bwstack.nodes.fleet_spec import (
     DAEMONSET,
@@ -126,14 +127,10 @@ def write_fleet(spec: FleetSpec, out: Path) -> list[Path]:
     files = render_fleet(spec)  # first: a spec that does not render leaves nothing behind
     folder = out / "fleet" / f"{spec.recipe}-{spec.arch}"
     written = []
-    try:
+    with writing(folder, error=RenderError, remedy="pass --out a writable folder"):
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             path = folder / name
             path.write_text(text)
             written.append(path)
-    except OSError as error:
-        raise RenderError(
-            f"cannot write {folder}: {error.strerror or error}", remedy="pass --out a writable folder"
-        ) from None
     return written

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bwstack.errors import PreflightError
+from bwstack.inputs import check_model_folder
 from bwstack.nodes.preflight.safetensors_header import (
     ShardError,
     ShardHeader,
@@ -288,8 +289,7 @@ def check_model(
     model_dir: Path, *, tp: int = 1, gpu_memory_bytes: int | None = None, kv_headroom: float = DEFAULT_KV_HEADROOM
 ) -> tuple[list[Check], ModelSummary]:
     """Check a checkpoint folder by its headers. `gpu_memory_bytes` is the smallest GPU's memory (None: unknown)."""
-    if not model_dir.is_dir():
-        raise PreflightError(f"model folder {model_dir} does not exist or is not a folder", remedy="pass --model DIR")
+    check_model_folder(model_dir, error=PreflightError)
     if not 0 <= kv_headroom < 1:
         raise PreflightError(f"KV-cache headroom {kv_headroom} must be a fraction in [0, 1)")
     summary = ModelSummary(path=model_dir, tp=tp, kv_headroom=kv_headroom, gpu_memory_bytes=gpu_memory_bytes)

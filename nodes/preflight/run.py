@@ -17,6 +17,7 @@ import pynvml
 from packaging.version import Version
 
 from bwstack.errors import PreflightError
+from bwstack.inputs import check_model_folder
 from bwstack.nodes.preflight.host import (
     DockerInfo,
     HostPaths,
@@ -107,10 +108,8 @@ def run_preflight(
     thresholds: HostThresholds | None = None,
 ) -> Report:
     """Check this node (and the model folder, if the request names one) against the request."""
-    if request.model is not None and not request.model.is_dir():
-        raise PreflightError(
-            f"model folder {request.model} does not exist or is not a folder", remedy="pass --model DIR"
-        )
+    if request.model is not None:
+        check_model_folder(request.model, error=PreflightError)
     want = NodeRequirements(cuda=request.cuda, archs=request.archs, tp=request.tp)
     subject = socket.gethostname() + (f" for recipe {request.recipe}" if request.recipe else "")
     report = Report(kind="preflight", subject=subject)
