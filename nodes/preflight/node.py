@@ -8,6 +8,7 @@ reads the same as the labels a Kubernetes cluster puts on it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,28 +261,31 @@ def check_ecc(facts: NodeFacts) -> Check:
     return Check("gpu.ecc", Status.PASS, "no uncorrected ECC errors since the driver loaded", evidence)
 
 
+# Memory-repair states NVML reports per GPU, each a problem when any GPU is in it; the first is the gravest.
+_REPAIR_PROBLEMS: tuple[tuple[Callable[[GpuFacts], bool], str], ...] = (
+    (
+        lambda g: bool(g.remapped_rows and g.remapped_rows.failed),
+        "row remapping failed on GPU {gpus} (the GPU needs service)",
+    ),
+    (lambda g: bool(g.remapped_rows and g.remapped_rows.pending), "row remaps pending on GPU {gpus}"),
+    (lambda g: bool(g.retired_pages_pending), "page retirement pending on GPU {gpus}"),
+)
+_REPAIR_REMEDY = "reset the GPU (nvidia-smi -r) or reboot to apply pending remaps/retirements"
+
+
 def check_memory_repair(facts: NodeFacts) -> Check:
-    pending = [g.index for g in facts.gpus if g.remapped_rows and g.remapped_rows.pending]
-    failed = [g.index for g in facts.gpus if g.remapped_rows and g.remapped_rows.failed]
-    retired = [g.index for g in facts.gpus if g.retired_pages_pending]
     evidence = {
         "remapped_rows": {g.index: vars(g.remapped_rows) if g.remapped_rows else None for g in facts.gpus},
         "retired_pages": {g.index: g.retired_pages for g in facts.gpus},
         "retired_pages_pending": {g.index: g.retired_pages_pending for g in facts.gpus},
     }
-    problems = []
-    if failed:
-        problems.append(f"row remapping failed on GPU {_list(failed)} (the GPU needs service)")
-    if pending:
-        problems.append(f"row remaps pending on GPU {_list(pending)}")
-    if retired:
-        problems.append(f"page retirement pending on GPU {_list(retired)}")
-    if problems:
-        remedy = "reset the GPU (nvidia-smi -r) or reboot to apply pending remaps/retirements"
-        if failed:
-            remedy = "take the GPU out of service (RMA); " + remedy
-        return Check("gpu.memory-repair", Status.FAIL, "; ".join(problems), evidence, remedy)
-    return Check("gpu.memory-repair", Status.PASS, "no pending row remaps or page retirements", evidence)
+    found = [(text, [g.index for g in facts.gpus if state(g)]) for state, text in _REPAIR_PROBLEMS]
+    problems = [text.format(gpus=_list(gpus)) for text, gpus in found if gpus]
+    if not problems:
+        return Check("gpu.memory-repair", Status.PASS, "no pending row remaps or page retirements", evidence)
+    failed = bool(found[0][1])
+    remedy = ("take the GPU out of service (RMA); " if failed else "") + _REPAIR_REMEDY
+    return Check("gpu.memory-repair", Status.FAIL, "; ".join(problems), evidence, remedy)
 
 
 def check_clocks(facts: NodeFacts) -> Check:
