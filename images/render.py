@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 
 from bwstack.errors import RenderError
+from bwstack.inputs import writing
 from bwstack.recipes.archs import Arch
 from bwstack.recipes.kernel_build import KernelBuild, plan
 from bwstack.recipes.recipe import Recipe
@@ -176,7 +177,7 @@ def image_labels(recipe: Recipe, arch: Arch, digest: str) -> dict[str, str]:
 
 def render(
     recipe: Recipe,
-    arch_text: str,
+    arch_text: str | Arch,
     *,
     repo: str = "bwstack",
     build_args: dict[str, str] | None = None,
@@ -243,12 +244,8 @@ def write(rendered: RenderedImage, out: Path) -> Path:
     folder = out / rendered.dirname
     dockerfile = folder / "Dockerfile"
     manifest = json.dumps(rendered.manifest(), indent=2, sort_keys=True) + "\n"
-    try:
+    with writing(folder, error=RenderError, remedy="pass --out a writable folder"):
         folder.mkdir(parents=True, exist_ok=True)
         dockerfile.write_text(rendered.dockerfile, encoding="utf-8")
         (folder / "build.json").write_text(manifest, encoding="utf-8")
-    except OSError as error:
-        raise RenderError(
-            f"cannot write {folder}: {error.strerror or error}", remedy="pass --out a writable folder"
-        ) from None
     return dockerfile

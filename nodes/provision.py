@@ -13,7 +13,6 @@ skipped (there is no GPU to ask), and verify against the demo recipe's arch inst
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,9 @@ from typing import Any
 
 from bwstack.errors import BwstackError
 from bwstack.images.render import IMAGES_DIR
+from bwstack.inputs import check_model_folder, check_port, check_seconds
 from bwstack.nodes.preflight import PreflightRequest, node_ccs, request_for_recipe, run_preflight
-from bwstack.recipes.archs import Arch, arch_for_cc, parse_arch
+from bwstack.recipes.archs import Arch, arch_for_cc, cc_text, parse_arch
 from bwstack.recipes.recipe import load_recipe
 from bwstack.report import Check, Report, Status
 from bwstack.smoke import SmokeRequest, run_smoke
@@ -51,15 +51,11 @@ class ProvisionRequest:
 
     def __post_init__(self) -> None:
         # Checked before the first stage, not when smoke finally needs them after a build and a verify.
-        if self.port is not None and not 0 < self.port < 65536:
-            raise BwstackError(f"--port {self.port} is not a TCP port (1..65535)")
-        for name, value in (("--startup-timeout", self.startup_timeout_s), ("--stall-timeout", self.stall_timeout_s)):
-            if not (math.isfinite(value) and value > 0):
-                raise BwstackError(f"{name} must be a positive number of seconds, got {value}")
-        if self.model is not None and not self.demo and not self.model.is_dir():
-            raise BwstackError(
-                f"model folder {self.model} does not exist or is not a folder", remedy="pass --model DIR"
-            )
+        check_port("--port", self.port)
+        check_seconds("--startup-timeout", self.startup_timeout_s)
+        check_seconds("--stall-timeout", self.stall_timeout_s)
+        if self.model is not None and not self.demo:
+            check_model_folder(self.model)
 
     @classmethod
     def for_demo(cls, *, port: int | None = None, repo: str = "bwstack") -> ProvisionRequest:
@@ -214,7 +210,7 @@ def run_provision(
 
 def _preflight_request(request: ProvisionRequest, recipe: str, model: Path | None) -> PreflightRequest:
     if request.demo:
-        return dataclasses.replace(request_for_recipe(recipe, arch=DEMO_ARCH, model=model, tp=1), gpus=False)
+        return dataclasses.replace(request_for_recipe(recipe, archs=[DEMO_ARCH], model=model, tp=1), gpus=False)
     return request_for_recipe(recipe, model=model)
 
 
@@ -227,7 +223,7 @@ def _node_archs(preflight: Report, demo: bool) -> tuple[list[Arch], list[str]]:
     for cc in sorted(set(node_ccs(preflight))):
         arch = arch_for_cc(cc)
         if arch is None:
-            unknown.append(f"{cc[0]}.{cc[1]}")
+            unknown.append(cc_text(cc))
         else:
             archs[arch.name] = arch
     return list(archs.values()), unknown
