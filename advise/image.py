@@ -1,0 +1,94 @@
+"""Image facts from an image's (or a folder's) files: which ptxas Triton runs and which archs it knows, the
+CUDA toolkit's ptxas, and whether flashinfer's compiled binaries hold code for the GPU.
+
+Nothing is executed: a ptxas lists the `sm_XY` names it accepts as strings in its binary, and Triton picks
+`bin/ptxas-blackwell` for CC >= 10 when the wheel ships one (triton/backends/nvidia/compiler.py
+`get_ptxas`), overridable by TRITON_<TOOL>_PATH (triton/knobs.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from bwstack.advise.facts import ImageFacts
+from bwstack.errors import FatbinError
+from bwstack.recipes.archs import CC
+from bwstack.verify.compat import Runs, best_runs
+from bwstack.verify.sources import Tree
+
+TRITON_BIN = "triton/backends/nvidia/bin/"
+CUDA_PTXAS = "usr/local/cuda/bin/ptxas"
+# What advise asks open_image to extract beyond the package's own files.
+IMAGE_FILES = (TRITON_BIN + "ptxas", TRITON_BIN + "ptxas-blackwell", CUDA_PTXAS)
+_CHUNK = 1 << 20
+_MAX_PTXAS = 256 << 20  # a real ptxas is ~35 MB; a larger file is not read to the end
+
+
+def ptxas_archs(path: Path) -> set[str]:
+    """The `sm_XY[a|f]` names a ptxas binary carries, read in chunks (a name may straddle two)."""
+    found: set[str] = set()
+    tail = b""
+    pattern = re.compile(rb"sm_(\d{2,3}[af]?)(?![0-9a-z])")
+    with path.open("rb") as stream:
+        read = 0
+        while read < _MAX_PTXAS and (chunk := stream.read(_CHUNK)):
+            read += len(chunk)
+            block = tail + chunk
+            found.update("sm_" + m.decode() for m in pattern.findall(block))
+            tail = block[-8:]
+    return found
+
+
+def _find(root: Path, suffix: str) -> Path | None:
+    hits = sorted(
+        (p for p in root.rglob(Path(suffix).name) if p.as_posix().endswith(suffix) and p.is_file()),
+        key=lambda p: len(p.parts),
+    )
+    return hits[0] if hits else None
+
+
+def image_facts(tree: Tree, cc: CC | None) -> ImageFacts:
+    """What the tree says for a GPU of compute capability `cc` (everything unknown without a cc)."""
+    if cc is None:
+        return ImageFacts(evidence={"note": "no compute capability: image facts not read"})
+    arch = f"sm_{cc[0]}{cc[1]}"
+    evidence: dict[str, Any] = {}
+    blackwell = _find(tree.root, TRITON_BIN + "ptxas-blackwell")
+    plain = _find(tree.root, TRITON_BIN + "ptxas")
+    triton_ptxas, env = (blackwell, "TRITON_PTXAS_BLACKWELL_PATH") if cc[0] >= 10 and blackwell else (plain, None)
+    env = env or "TRITON_PTXAS_PATH"
+    knows = None
+    if triton_ptxas is not None:
+        archs = ptxas_archs(triton_ptxas)
+        knows = arch in archs
+        evidence["triton_ptxas"] = {"path": triton_ptxas.relative_to(tree.root).as_posix(), "archs": sorted(archs)}
+    cuda = tree.root / CUDA_PTXAS
+    cuda_knows = None
+    if cuda.is_file():
+        cuda_archs = ptxas_archs(cuda)
+        cuda_knows = arch in cuda_archs
+        evidence["cuda_ptxas"] = {"path": "/" + CUDA_PTXAS, "archs": sorted(cuda_archs)}
+    flashinfer = [b for b in tree.binaries if "flashinfer" in b]
+    runs: bool | None = None
+    if flashinfer:
+        runs = False
+        for binary in flashinfer:
+            try:
+                verdict, _via = best_runs(tree.read(binary), cc)
+            except FatbinError:
+                continue
+            if verdict is not Runs.NONE:
+                runs = True
+                evidence["flashinfer_binary"] = binary
+                break
+        evidence["flashinfer_binaries"] = len(flashinfer)
+    return ImageFacts(
+        flashinfer_runs=runs,
+        triton_ptxas_knows=knows,
+        triton_ptxas_env=env if triton_ptxas is not None else None,
+        cuda_ptxas="/" + CUDA_PTXAS if cuda.is_file() else None,
+        cuda_ptxas_knows=cuda_knows,
+        evidence=evidence,
+    )
