@@ -135,7 +135,7 @@ def advice_report(advice: Advice, base_command: list[str], subject: str) -> Repo
     report = Report(kind=ADVICE_KIND, subject=subject)
     for d in advice.decisions:
         sets = " ".join([f"{k}={v}" for k, v in d.env.items()] + list(d.args))
-        finding = f"{d.decision}: {d.why}" + (f" -> {sets}" if sets else "")
+        finding = f"{d.decision}: {d.why}" + (f" -> {sets}" if sets else "") + f" [source: {d.source}]"
         evidence = {"source": d.source, "args": list(d.args), "env": d.env}
         report.add(Check(d.rule, _STATUS[d.decision], finding, evidence, remedy=d.better or None))
     command = advice.command(base_command)

@@ -116,15 +116,12 @@ def _moe_choice(f: Facts) -> str:
 def _moe_why(f: Facts) -> str:
     if not (_blackwell_consumer(f) and f["int4_moe"]):
         return f"{'INT4' if f['int4_moe'] else 'no INT4 compressed-tensors'} MoE on {_cc(f)}: the default runner fits"
-    which = (
-        "symmetric INT4 in groups of 32 or 128, which SGLang's Triton WNA16 MoE accepts"
-        if f.get("int4_triton_ok") is True
-        else "INT4 weights outside what the Triton WNA16 MoE accepts (symmetric, group 32/128), so marlin"
-    )
-    return (
-        f"compressed-tensors INT4 MoE on {_cc(f)}: a Blackwell default may pick an SM100-only fused MoE; "
-        f"weights are {which}"
-    )
+    which = {
+        True: "symmetric INT4 in groups of 32 or 128 without actorder, which SGLang's Triton WNA16 MoE accepts",
+        False: "INT4 outside what the Triton WNA16 MoE accepts (symmetric, group 32/128, no actorder), so marlin",
+        None: "INT4 whose actorder is not known (give --model for config.json), so marlin, which takes any",
+    }[f.get("int4_triton_ok")]
+    return f"compressed-tensors INT4 MoE on {_cc(f)}: a Blackwell default may pick an SM100-only fused MoE; {which}"
 
 
 # --- Triton's ptxas -----------------------------------------------------------------------------------
