@@ -119,7 +119,7 @@ def _weights(quant: Any, config: Mapping[str, Any] | None) -> dict[str, Any]:
         raw = config.get("quantization_config") or text.get("quantization_config") or {}
         for group in (raw.get("config_groups") or {}).values():
             if isinstance(group, dict) and isinstance(group.get("weights"), dict):
-                return group["weights"]
+                return {"actorder": None, **group["weights"]}  # compressed-tensors' default: no actorder
     if isinstance(quant, dict) and quant.get("weights"):
         first = quant["weights"][0]
         return first if isinstance(first, dict) else {}
