@@ -119,7 +119,7 @@ def test_memory_sizes_the_graph_to_the_kv_room(rtx_pcie_iommu: NodeFacts) -> Non
 
 
 def test_unknown_facts_are_not_evaluated_never_guessed() -> None:
-    advice, by = decisions(support.facts(NodeFacts(cc=(12, 0)), img=ImageFacts()))
+    _advice, by = decisions(support.facts(NodeFacts(cc=(12, 0)), img=ImageFacts()))
     for rule in ("nccl-pcie", "memory", "shm", "triton-ptxas"):
         assert by[rule].decision is Decision.NOT_EVALUATED, rule
     assert by["deepgemm-off"].decision is Decision.APPLIED
