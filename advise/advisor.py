@@ -13,9 +13,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from bwstack.advise.facts import AdviseError, Facts
 from bwstack.recipes.recipe import Recipe
-from bwstack.recipes.serving_rules import RULES, ServingRule, option_flag
+from bwstack.recipes.serving_rules import RULES, SUPPORTED_SGLANG, ServingRule, option_flag
 from bwstack.report import Check, Report, Status
 
 ADVICE_KIND = "advise"
@@ -116,7 +118,13 @@ def advise(recipe: Recipe, facts: Facts) -> Advice:
     """Every rule of the table over these facts, for the recipe's pinned SGLang."""
     if recipe.serve.engine != "sglang":
         raise AdviseError(f"recipe {recipe.name}: advice exists for the sglang engine, not {recipe.serve.engine!r}")
-    version = recipe.sglang.version if recipe.sglang else "0.5.23"
+    if recipe.sglang is None:
+        raise AdviseError(f"recipe {recipe.name}: no [sglang] version pinned; the advice depends on it")
+    version = recipe.sglang.version
+    if Version(version) not in SUPPORTED_SGLANG:
+        raise AdviseError(
+            f"recipe {recipe.name}: SGLang {version} is older than the advisor's rules support ({SUPPORTED_SGLANG})"
+        )
     named = facts.named()
     decisions = tuple(decide(rule, named, version) for rule in RULES)
     return Advice(recipe.name, version, decisions, named)

@@ -12,6 +12,7 @@ keeps argparse's allow_abbrev, so a unique prefix of an option is accepted and a
 from __future__ import annotations
 
 import ast
+import dataclasses
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,9 @@ from pathlib import Path
 from bwstack.advise.facts import AdviseError
 
 _ROOT = "sglang/srt/"
+# Options argparse takes as free text but SGLang checks against a list at start-up
+# (speculative/draft_worker_common.py checks the draft backend against DRAFT_ATTENTION_BACKEND_CHOICES).
+RUNTIME_CHOICES = {"--speculative-draft-attention-backend": "DRAFT_ATTENTION_BACKEND_CHOICES"}
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,12 @@ def read_options(wheel: Path, version: str) -> OptionTable:
                 table.add(option)
     if not table.by_name:
         raise AdviseError(f"{wheel}: no option definitions found")
+    for flag, constant in RUNTIME_CHOICES.items():
+        option = table.by_name.get(flag)
+        if option is not None and option.choices is None and constant in constants:
+            checked = dataclasses.replace(option, choices=constants[constant])
+            for name in option.names:
+                table.by_name[name] = checked
     return table
 
 

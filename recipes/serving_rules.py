@@ -31,6 +31,9 @@ from packaging.version import Version
 
 Facts = Mapping[str, Any]
 GiB = 1 << 30
+# The SGLang releases whose options and choices the rules are checked against (tests/advise): older ones
+# lack choices the rules emit (0.5.10 has no `marlin` MoE runner), so advice for them is refused.
+SUPPORTED_SGLANG = SpecifierSet(">=0.5.15")
 
 # Option key -> (SGLang versions, flag) in order; the first row whose versions match is the spelling.
 OPTIONS: Mapping[str, tuple[tuple[str, str], ...]] = {
