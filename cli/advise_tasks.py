@@ -56,12 +56,15 @@ def advise(
     """Print the SGLang command and environment for this image, node and model, with a rule | decision table."""
     from pathlib import Path
 
+    from bwstack.advise import AdviseError
     from bwstack.advise.facts import read_json
     from bwstack.nodes.advice import AdviceRequest, compute_advice
 
     if explain:
         print(explain_text(explain))
         return
+    if arch and preflight:
+        raise AdviseError("give one of --arch or --preflight FILE: the report names the node's GPUs")
     request = AdviceRequest(
         recipe=setting(c, "recipe", recipe),
         image=image,
