@@ -99,12 +99,26 @@ def compute_advice(request: AdviceRequest, *, nvml: Any = None, client: Any = No
     """The advice, its report, and the recipe's base command it extends."""
     recipe = load_recipe(request.recipe)
     node, preflight = node_facts(request, recipe, nvml=nvml)
-    model = model_facts(request.model, recipe.serve.tp, preflight)
     image = read_image_facts(request, recipe, node, client=client)
+    return advice_from(recipe, node, preflight, request.model, image, host=request.host, port=request.port)
+
+
+def advice_from(
+    recipe: Recipe,
+    node: NodeFacts,
+    preflight: dict[str, Any],
+    model_dir: Path | None,
+    image: ImageFacts,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+) -> tuple[Advice, Report, list[str]]:
+    """Advice from facts already gathered (provision has its preflight report and verify's image tree)."""
+    model = model_facts(model_dir, recipe.serve.tp, preflight)
     facts = Facts(node, model, image, tp=recipe.serve.tp, speculative=speculative_table(recipe))
     advice = advise(recipe, facts)
-    model_path = str(request.model) if request.model else (model.path or f"/models/{recipe.serve.model}")
-    base = recipe.serve_command(model_path, host=request.host, port=request.port or recipe.serve.port)
+    model_path = str(model_dir) if model_dir else (model.path or f"/models/{recipe.serve.model}")
+    base = recipe.serve_command(model_path, host=host, port=port or recipe.serve.port)
     subject = f"recipe {recipe.name} (SGLang {advice.sglang_version}) on {node.source}"
     report = advice_report(advice, base, subject)
     report.data["image_evidence"] = image.evidence
