@@ -1,9 +1,10 @@
 """Image facts from an image's (or a folder's) files: which ptxas Triton runs and which archs it knows, the
 CUDA toolkit's ptxas, and whether flashinfer's compiled binaries hold code for the GPU.
 
-Nothing is executed: a ptxas lists the `sm_XY` names it accepts as strings in its binary, and Triton picks
-`bin/ptxas-blackwell` for CC >= 10 when the wheel ships one (triton/backends/nvidia/compiler.py
-`get_ptxas`), overridable by TRITON_<TOOL>_PATH (triton/knobs.py).
+Nothing is executed: a ptxas lists the `sm_XY` names it accepts as strings in its binary. Triton asks
+ptxas for `--gpu-name=sm_XYa` from CC 9.0 on (`sm_arch_from_capability`) and picks `bin/ptxas-blackwell`
+for CC >= 10 when the wheel ships one (`get_ptxas`, both triton/backends/nvidia/compiler.py 3.6.0), each
+overridable by TRITON_<TOOL>_PATH (triton/knobs.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def ptxas_archs(path: Path) -> set[str]:
     return found
 
 
+def triton_gpu_name(cc: CC) -> str:
+    """The --gpu-name Triton passes to ptxas for a GPU of this CC."""
+    number = cc[0] * 10 + cc[1]
+    return f"sm_{number}{'a' if number >= 90 else ''}"
+
+
 def _find(root: Path, suffix: str) -> Path | None:
     hits = sorted(
         (p for p in root.rglob(Path(suffix).name) if p.as_posix().endswith(suffix) and p.is_file()),
@@ -53,8 +60,8 @@ def image_facts(tree: Tree, cc: CC | None) -> ImageFacts:
     """What the tree says for a GPU of compute capability `cc` (everything unknown without a cc)."""
     if cc is None:
         return ImageFacts(evidence={"note": "no compute capability: image facts not read"})
-    arch = f"sm_{cc[0]}{cc[1]}"
-    evidence: dict[str, Any] = {}
+    arch = triton_gpu_name(cc)
+    evidence: dict[str, Any] = {"gpu_name": arch}
     blackwell = _find(tree.root, TRITON_BIN + "ptxas-blackwell")
     plain = _find(tree.root, TRITON_BIN + "ptxas")
     triton_ptxas, env = (blackwell, "TRITON_PTXAS_BLACKWELL_PATH") if cc[0] >= 10 and blackwell else (plain, None)

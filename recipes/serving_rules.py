@@ -130,8 +130,14 @@ def _moe_why(f: Facts) -> str:
 # --- Triton's ptxas -----------------------------------------------------------------------------------
 
 
+def _gpu_name(f: Facts) -> str:
+    """What Triton passes as ptxas --gpu-name: sm_XYa from CC 9.0 on (triton/backends/nvidia/compiler.py)."""
+    number = f["cc"][0] * 10 + f["cc"][1]
+    return f"sm_{number}{'a' if number >= 90 else ''}"
+
+
 def _ptxas_why(f: Facts) -> str:
-    arch = f"sm_{f['cc'][0]}{f['cc'][1]}"
+    arch = _gpu_name(f)
     if f["triton_ptxas_knows"]:
         return f"the ptxas Triton uses on {_cc(f)} knows {arch}"
     where = f.get("cuda_ptxas") or "the image's CUDA ptxas"
@@ -146,7 +152,7 @@ def _ptxas_emit(f: Facts) -> Emit:
 def _ptxas_refuse(f: Facts) -> str | None:
     if not f["triton_ptxas_knows"] and f.get("cuda_ptxas_knows") is False:
         return (
-            f"no ptxas in the image knows sm_{f['cc'][0]}{f['cc'][1]}: Triton cannot compile kernels for "
+            f"no ptxas in the image knows {_gpu_name(f)}: Triton cannot compile kernels for "
             f"{_cc(f)} (use an image with a newer CUDA toolkit or Triton)"
         )
     return None
@@ -182,8 +188,8 @@ def _pcie_why(f: Facts) -> str:
 
 # --- memory -------------------------------------------------------------------------------------------
 
-_RESERVE_FLOOR = 4 * GiB  # activations, CUDA graphs, NCCL buffers: SGLang keeps this outside the static pool
-_RESERVE_SHARE = 0.06
+_RESERVE_FLOOR = 8 * GiB  # activations, CUDA graphs, NCCL buffers: SGLang keeps this outside the static pool
+_RESERVE_SHARE = 0.10
 _MIN_KV_SHARE = 0.05  # below this the server starts but serves almost no context
 _GRAPH_BS = ((0.30, 256), (0.15, 128), (_MIN_KV_SHARE, 64))  # KV share of the GPU -> largest decode graph
 
@@ -193,7 +199,7 @@ def memory_plan(f: Facts) -> dict[str, Any]:
     gpu = f["gpu_memory"]
     per_gpu = -(-f["weight_bytes"] // f["tp"])
     reserve = max(_RESERVE_FLOOR, _RESERVE_SHARE * gpu)
-    fraction = min(0.93, math.floor((gpu - reserve) / gpu * 100) / 100)
+    fraction = min(0.90, math.floor((gpu - reserve) / gpu * 100) / 100)
     kv = gpu * fraction - per_gpu
     share = kv / gpu
     bs = next((size for floor, size in _GRAPH_BS if share >= floor), None)
@@ -227,6 +233,13 @@ def _memory_refuse(f: Facts) -> str | None:
         f"{_gb(max(p['kv_bytes'], 0))} of a {_gb(f['gpu_memory'])} GPU for KV cache (need "
         f"{_MIN_KV_SHARE:.0%}); raise tp or use larger GPUs"
     )
+
+
+def _shm_why(f: Facts) -> str:
+    size = f"/dev/shm is {f['shm_bytes'] / 2**20:.0f} MiB for tp {f['tp']}"
+    if f["tp"] < 2:
+        return size + ": one rank, no NCCL between ranks"
+    return size + (": too small for NCCL between ranks" if f["shm_bytes"] < GiB else ": room for NCCL between ranks")
 
 
 # --- speculative decoding -----------------------------------------------------------------------------
@@ -334,7 +347,7 @@ RULES: tuple[ServingRule, ...] = (
         needs=("tp", "shm_bytes"),
         applies=lambda f: f["tp"] > 1 and f["shm_bytes"] < GiB,
         emit=lambda f: Emit(),
-        why=lambda f: f"/dev/shm is {f['shm_bytes'] / 2**20:.0f} MiB for tp {f['tp']}: NCCL between ranks needs more",
+        why=_shm_why,
         source="Docker's default /dev/shm is 64 MB; NCCL's shared-memory transport lives there",
         better="run the container with host IPC (--ipc=host, smoke's default) or --shm-size 32g",
     ),

@@ -41,7 +41,7 @@ def tree(root: Path, triton_bin: Path, names: tuple[str, ...], *, cuda: str | No
 
 def test_the_bundled_ptxas_binaries_list_the_archs_of_their_release(triton_bin: Path) -> None:
     old, blackwell = ptxas_archs(triton_bin / "ptxas"), ptxas_archs(triton_bin / "ptxas-blackwell")
-    assert {"sm_90a", "sm_100a", "sm_120"} <= old and "sm_121" not in old  # CUDA 12.8: no sm_121 yet
+    assert {"sm_90a", "sm_100a", "sm_120a"} <= old and "sm_121a" not in old  # CUDA 12.8: no sm_121 yet
     assert {"sm_120", "sm_121", "sm_121a"} <= blackwell
 
 
