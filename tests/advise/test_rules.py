@@ -145,3 +145,14 @@ def test_speculative_from_the_recipe_table(rtx_pcie_iommu: NodeFacts, b200: Node
     assert by["speculative"].decision is Decision.NOT_NEEDED
     _a, by = decisions(support.facts(b200, speculative=None))
     assert by["speculative"].decision is Decision.NOT_EVALUATED
+
+
+def test_the_docs_table_lists_every_rule_with_its_source() -> None:
+    from bwstack.recipes.serving_rules import RULES
+    from tests.paths import REPO
+
+    text = (REPO / "docs" / "advise.md").read_text()
+    for rule in RULES:
+        assert f"| `{rule.name}` |" in text, rule.name
+        first_issue = rule.source.split()[0].rstrip(",;")
+        assert first_issue in text, (rule.name, first_issue)
