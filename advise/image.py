@@ -21,8 +21,9 @@ from bwstack.verify.sources import Tree
 
 TRITON_BIN = "triton/backends/nvidia/bin/"
 CUDA_PTXAS = "usr/local/cuda/bin/ptxas"
-# What advise asks open_image to extract beyond the package's own files.
-IMAGE_FILES = (TRITON_BIN + "ptxas", TRITON_BIN + "ptxas-blackwell", CUDA_PTXAS)
+# What advise asks open_image to extract beyond the package's own files: every ptxas, because in NVIDIA's
+# CUDA images /usr/local/cuda is a link (which the export refuses) to /usr/local/cuda-X.Y.
+IMAGE_FILES = (TRITON_BIN + "ptxas-blackwell", "bin/ptxas")
 _CHUNK = 1 << 20
 _MAX_PTXAS = 256 << 20  # a real ptxas is ~35 MB; a larger file is not read to the end
 
@@ -56,6 +57,18 @@ def _find(root: Path, suffix: str) -> Path | None:
     return hits[0] if hits else None
 
 
+def _cuda_ptxas(root: Path) -> Path | None:
+    """/usr/local/cuda/bin/ptxas, else the newest /usr/local/cuda-X.Y/bin/ptxas (the link's usual target)."""
+    if (root / CUDA_PTXAS).is_file():
+        return root / CUDA_PTXAS
+    found = [p for p in (root / "usr" / "local").glob("cuda-*/bin/ptxas") if p.is_file()]
+    return max(found, key=lambda p: _version_key(p.parent.parent.name), default=None)
+
+
+def _version_key(folder: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", folder))
+
+
 def image_facts(tree: Tree, cc: CC | None) -> ImageFacts:
     """What the tree says for a GPU of compute capability `cc` (everything unknown without a cc)."""
     if cc is None:
@@ -71,12 +84,12 @@ def image_facts(tree: Tree, cc: CC | None) -> ImageFacts:
         archs = ptxas_archs(triton_ptxas)
         knows = arch in archs
         evidence["triton_ptxas"] = {"path": triton_ptxas.relative_to(tree.root).as_posix(), "archs": sorted(archs)}
-    cuda = tree.root / CUDA_PTXAS
+    cuda = _cuda_ptxas(tree.root)
     cuda_knows = None
-    if cuda.is_file():
+    if cuda is not None:
         cuda_archs = ptxas_archs(cuda)
         cuda_knows = arch in cuda_archs
-        evidence["cuda_ptxas"] = {"path": "/" + CUDA_PTXAS, "archs": sorted(cuda_archs)}
+        evidence["cuda_ptxas"] = {"path": "/" + cuda.relative_to(tree.root).as_posix(), "archs": sorted(cuda_archs)}
     flashinfer = [b for b in tree.binaries if "flashinfer" in b]
     runs: bool | None = None
     if flashinfer:
@@ -95,7 +108,7 @@ def image_facts(tree: Tree, cc: CC | None) -> ImageFacts:
         flashinfer_runs=runs,
         triton_ptxas_knows=knows,
         triton_ptxas_env=env if triton_ptxas is not None else None,
-        cuda_ptxas="/" + CUDA_PTXAS if cuda.is_file() else None,
+        cuda_ptxas="/" + cuda.relative_to(tree.root).as_posix() if cuda is not None else None,
         cuda_ptxas_knows=cuda_knows,
         evidence=evidence,
     )

@@ -3,7 +3,9 @@ which one Triton picks for a CC and the variable that overrides it), and flashin
 
 from __future__ import annotations
 
+import json
 import shutil
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from bwstack.advise.image import CUDA_PTXAS, TRITON_BIN, image_facts, ptxas_archs
 from bwstack.verify import sources
+from tests.helpers import invoke
 from tests.paths import package
 from tests.released import released_wheel
 
@@ -77,3 +80,37 @@ def test_flashinfer_binaries_are_judged_for_the_cc(tmp_path: Path) -> None:
     shutil.copy(package("good") / "sgl_kernel" / "sm100" / "common_ops.abi3.so", target)
     with sources.open_path(tmp_path) as t:
         assert image_facts(t, (12, 0)).flashinfer_runs is True
+
+
+@pytest.mark.docker
+def test_advise_reads_an_images_ptxas_without_running_it(docker_client, tmp_path: Path) -> None:
+    """FROM scratch: Triton with only a CUDA 12.8 ptxas (no sm_121a) and a CUDA 13 ptxas that has it."""
+    context = tmp_path / "context"
+    bin_dir = context / "site" / TRITON_BIN
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "ptxas").write_bytes(b"\x7fELF ... sm_100a\x00sm_120a\x00sm_120\x00")
+    (context / "cuda-ptxas").write_bytes(b"\x7fELF ... sm_120a\x00sm_121a\x00")
+    (context / "Dockerfile").write_text(f"FROM scratch\nCOPY site/ /{SITE}\nCOPY cuda-ptxas /{CUDA_PTXAS}\n")
+    tag = f"bwstack-test-advise:ptxas-{uuid.uuid4().hex[:8]}"
+    docker_client.images.build(path=str(context), tag=tag, rm=True)
+    out = tmp_path / "advice.json"
+    try:
+        result = invoke("advise", "--image", tag, "--arch", "sm121", "--recipe", "demo", "--json", str(out))
+    finally:
+        docker_client.images.remove(tag, force=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("SGLANG_ENABLE_JIT_DEEPGEMM=0 TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas ")
+    data = json.loads(out.read_text())
+    assert data["image_evidence"]["triton_ptxas"]["path"].endswith(TRITON_BIN + "ptxas")
+    assert not docker_client.containers.list(all=True, filters={"ancestor": tag})
+
+
+def test_the_cuda_ptxas_is_found_behind_the_cuda_link(tmp_path: Path, triton_bin: Path) -> None:
+    # An image export refuses the /usr/local/cuda link: its target folder holds the file.
+    for version, source in (("12.8", "ptxas"), ("13.1", "ptxas-blackwell")):
+        target = tmp_path / f"usr/local/cuda-{version}/bin/ptxas"
+        target.parent.mkdir(parents=True)
+        shutil.copy(triton_bin / source, target)
+    with sources.open_path(tmp_path) as t:
+        facts = image_facts(t, (12, 1))
+    assert (facts.cuda_ptxas, facts.cuda_ptxas_knows) == ("/usr/local/cuda-13.1/bin/ptxas", True)
