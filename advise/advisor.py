@@ -15,7 +15,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from bwstack.advise.facts import AdviseError, Facts
+from bwstack.advise.facts import AdviseError, Facts, read_json
 from bwstack.recipes.recipe import Recipe
 from bwstack.recipes.serving_rules import RULES, SUPPORTED_SGLANG, ServingRule, option_flag
 from bwstack.report import Check, Report, Status
@@ -157,8 +157,6 @@ def advice_report(advice: Advice, base_command: list[str], subject: str) -> Repo
 
 def load_advice(path: Path) -> dict[str, Any]:
     """An advice file (`invoke advise --json F`): its args and env, checked; AdviseError otherwise."""
-    from bwstack.advise.facts import read_json
-
     data = read_json(path, "advice")
     advice = data.get("advice") if data.get("kind") == ADVICE_KIND else None
     if not isinstance(advice, dict):

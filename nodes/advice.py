@@ -7,6 +7,7 @@ pods each derive their own advice from their own node.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +91,6 @@ def speculative_table(recipe: Recipe) -> dict[str, Any] | None:
     spec = recipe.speculative
     if spec is None:
         return {}
-    import dataclasses
-
     return dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else dict(spec)
 
 
