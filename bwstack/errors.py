@@ -57,3 +57,7 @@ class PreflightError(BwstackError):
 
 class ReportError(BwstackError):
     """A report that could not be written where it was asked to go."""
+
+
+class RegistryError(BwstackError):
+    """The package registry could not be reached or did not answer as pip expects."""

@@ -68,6 +68,7 @@ class SglKernelSpec:
 @dataclass(frozen=True)
 class SglangSpec:
     version: str
+    flashinfer: str = ""  # the flashinfer-python version this SGLang pins; `invoke pins` checks it
 
 
 @dataclass(frozen=True)

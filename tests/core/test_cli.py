@@ -53,7 +53,7 @@ def test_render_writes_the_dockerfile_and_prints_its_path(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stderr
     dockerfile = tmp_path / "sglang-sm120" / "Dockerfile"
     assert result.stdout.strip() == str(dockerfile)
-    assert "code=sm_120a" in dockerfile.read_text()
+    assert "SGL_KERNEL_ENABLE_FA3=OFF" in dockerfile.read_text()
     assert (tmp_path / "sglang-sm120" / "build.json").is_file()
 
 
