@@ -55,6 +55,7 @@ def preflight(
         "stall_timeout": "seconds of no log, CPU or GPU progress that count as a hang (default 120; demo 20)",
         "json": "write the report (every stage) as JSON to this file",
         "junit": "write the report as JUnit XML to this file",
+        "advice": "launch with this `invoke advise --json` file instead of the advice provision derives itself",
     }
 )
 @guarded
@@ -69,8 +70,9 @@ def provision(
     stall_timeout: str | None = None,
     json: str | None = None,
     junit: str | None = None,
+    advice: str | None = None,
 ) -> None:
-    """Bring up a node: preflight, verify the image for this node's GPUs, smoke-test it; one report."""
+    """Bring up a node: preflight, verify the image for this node's GPUs, advise the launch, smoke-test it."""
     import dataclasses
     from pathlib import Path
 
@@ -88,6 +90,11 @@ def provision(
         "stall_timeout_s": optional_number("--stall-timeout", stall_timeout, float, minimum=1),
     }
     request = dataclasses.replace(request, **{k: v for k, v in timeouts.items() if v is not None})
+    if advice:
+        from bwstack.advise import load_advice
+
+        load_advice(Path(advice))  # a bad file is exit 2 now, not after a build and a verify
+        request = dataclasses.replace(request, advice=Path(advice))
     report = run_provision(request, progress=lambda line: print(line, file=sys.stderr, flush=True))
     finish(report, json=json, junit=junit)
 

@@ -137,9 +137,15 @@ def test_demo_passes_end_to_end(docker_client, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "p.json").read_text())
-    assert [data["stages"][s]["ok"] for s in ("build", "preflight", "verify", "smoke")] == [True] * 4
+    assert [data["stages"][s]["ok"] for s in ("build", "preflight", "verify", "advise", "smoke")] == [True] * 5
     assert data["stages"]["smoke"]["verdict"] == "ready"
     checks = by_name(data)
+    # the demo is advised for its arch (sm120) and Kimi-shaped model, and smoke launched with that advice
+    advice = data["stages"]["advise"]["advice"]
+    assert "--attention-backend" in advice["args"] and advice["env"]["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+    assert checks["advise: nccl-pcie"]["status"] == "pass"  # tp 1: not needed
+    launched = checks["smoke: launch"]["evidence"]["argv"]
+    assert launched[-len(advice["args"]) :] == advice["args"]
     assert checks["smoke: completion"]["status"] == "pass"
     assert not smoke_containers(docker_client)
 
@@ -169,6 +175,9 @@ def test_the_smoke_stage_writes_its_log_where_it_is_told(tmp_path: Path, monkeyp
     monkeypatch.setattr(provision, "_node_archs", lambda preflight, demo: ([provision.parse_arch("sm90")], []))
     monkeypatch.setattr(provision.sources, "open_image", no_image)
     monkeypatch.setattr(provision, "verify_tree", lambda *args, **kwargs: Report(kind="verify", subject="x"))
+    monkeypatch.setattr(provision, "image_facts", lambda *args: None)
+    advised = Report(kind="advise", subject="x", data={"advice": {"args": [], "env": {}}})
+    monkeypatch.setattr(provision, "_advise", lambda *args: advised)
     monkeypatch.setattr(provision, "run_smoke", fake_smoke)
     log = tmp_path / "smoke" / "server.log"
     report = run_provision(ProvisionRequest("stack:tag", DEMO_MODEL, "demo", smoke_log=log))
