@@ -61,3 +61,7 @@ class ReportError(BwstackError):
 
 class BenchError(BwstackError):
     """A bench or spec-check that could not run at all (bad flags, a server that never became ready)."""
+
+
+class RegistryError(BwstackError):
+    """The package registry could not be reached or did not answer as pip expects."""

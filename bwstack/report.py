@@ -22,6 +22,8 @@ from rich.text import Text
 
 from bwstack import REPORT_SCHEMA_VERSION, __version__
 from bwstack.errors import ReportError
+from bwstack.inputs import REPORT_REMEDY, writing
+from bwstack.inputs import check_writable as check_writable  # where the task layer has always found it
 
 
 class Status(StrEnum):
@@ -44,28 +46,6 @@ def _text(value: str) -> str:
 
 
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
-
-
-def check_writable(*paths: str | Path | None) -> None:
-    """Refuse, before any work, a report path that could never be written (ReportError, exit 2): a build
-    or a smoke run should not take an hour only to fail at its last line. It opens the file for appending,
-    which is the one honest test (root passes every permission check), and removes it if it was not there."""
-    for given in paths:
-        if not given:
-            continue
-        path = Path(given)
-        existed = path.exists()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a"):
-                pass
-            if not existed:
-                path.unlink()
-        except OSError as error:
-            raise ReportError(
-                f"cannot write the report to {path}: {error.strerror or error}",
-                remedy="pass --json/--junit a file path in a writable folder",
-            ) from None
 
 
 @dataclass
@@ -167,14 +147,9 @@ class Report:
         for path, text in ((json_path, self.to_json), (junit_path, self.to_junit)):
             if path:
                 target = Path(path)
-                try:
+                with writing(f"the report to {target}", error=ReportError, remedy=REPORT_REMEDY):
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_text(text())
-                except OSError as error:
-                    raise ReportError(
-                        f"cannot write the report to {target}: {error.strerror or error}",
-                        remedy="pass --json/--junit a file path in a writable folder",
-                    ) from None
 
     def print_table(self, console: Console | None = None) -> None:
         console = console or Console()

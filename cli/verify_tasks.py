@@ -9,7 +9,7 @@ from bwstack.inputs import number
 @task(
     iterable=["arch", "require"],
     help={
-        "arch": "GPU arch to check (repeatable): sm120, sm_121, 12.0, or all",
+        "arch": "GPU arch(s) to check: sm120, sm_121, 12.0; repeat or use commas; all = every arch bwstack knows",
         "wheel": "a wheel file to verify (.so members are streamed, never unpacked all at once)",
         "path": "a folder to verify: site-packages, or the package folder itself",
         "image": "a local Docker image to verify (its filesystem is exported; the image is never run)",
@@ -36,9 +36,10 @@ def verify(
     timeout: str = "30",
 ) -> None:
     """Check that the binary a package's loader picks has code for each GPU arch (exit 1 if not)."""
-    from bwstack.verify.verify import open_source, parse_archs, verify_tree
+    from bwstack.recipes.archs import parse_arch_list
+    from bwstack.verify.verify import open_source, verify_tree
 
-    archs = parse_archs(arch)
+    archs = parse_arch_list(arch)
     with open_source(wheel=wheel, path=path, image=image, import_name=package) as tree:
         report = verify_tree(
             tree,

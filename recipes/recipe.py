@@ -15,6 +15,7 @@ import string
 import tomllib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from bwstack.errors import ArchError, RecipeError
-from bwstack.recipes.archs import Arch, parse_arch
+from bwstack.recipes.archs import Arch, parse_arch, parse_arch_list
 
 RECIPES_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 1
@@ -68,6 +69,7 @@ class SglKernelSpec:
 @dataclass(frozen=True)
 class SglangSpec:
     version: str
+    flashinfer: str = ""  # the flashinfer-python version this SGLang pins; `invoke pins` checks it
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,14 @@ class Recipe:
     def supported_archs(self) -> list[Arch]:
         return [parse_arch(name) for name in self.archs]
 
-    def resolve_arch(self, text: str) -> Arch:
+    def resolve_archs(self, values: str | Iterable[str | Arch]) -> list[Arch]:
+        """`--arch` values (any spelling, repeats, commas; `all` = this recipe's archs), each checked by
+        resolve_arch."""
+        return [self.resolve_arch(arch) for arch in parse_arch_list(values, self.archs)]
+
+    def resolve_arch(self, text: str | Arch) -> Arch:
         """The table row for `text`, if this recipe builds for it; RecipeError/ArchError otherwise."""
-        arch = parse_arch(text)
+        arch = text if isinstance(text, Arch) else parse_arch(text)
         if not arch.supported_by(self.cuda_version):
             raise RecipeError(
                 f"{self.path}: {arch.name} ({arch.build_target}) needs CUDA >= {arch.min_cuda()}, "

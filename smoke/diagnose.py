@@ -24,6 +24,8 @@ from typing import Any
 
 import psutil
 
+from bwstack.recipes.crash_signatures import KNOWN_CRASHES
+from bwstack.recipes.serving_rules import rule_named
 from bwstack.smoke import phases as ph
 from bwstack.smoke.gpu import GpuSampler
 
@@ -37,12 +39,21 @@ class Cause:
         return {"cause": self.cause, "try": list(self.tries)}
 
 
-_NCCL_P2P = "--env NCCL_P2P_DISABLE=1 --env NCCL_CUMEM_ENABLE=0 (NCCL peer-to-peer over PCIe with IOMMU/ACS)"
+_NCCL_P2P = (
+    "--env NCCL_P2P_DISABLE=1 --env NCCL_CUMEM_ENABLE=0 (NCCL peer-to-peer over PCIe with IOMMU/ACS; "
+    "`invoke advise` rule nccl-pcie)"
+)
 _NCCL_DEBUG = "--env NCCL_DEBUG=INFO to see which rank waits in which collective"
 _VERIFY = "invoke verify on the image for this GPU's arch (e.g. sm120): are its kernels in the binary the loader picks?"
 _BISECT_GRAPH = "--disable-cuda-graph in the server command, to bisect"
-_ATTENTION = "--attention-backend flashinfer (or triton): no FA3/FlashMLA kernels exist for sm_120"
-_DEEPGEMM = "--env SGLANG_ENABLE_JIT_DEEPGEMM=0 (DeepGEMM is off on sm_120 unless a recent sgl-deep-gemm is installed)"
+_ATTENTION = (
+    "--attention-backend flashinfer (or triton): no FA3/FlashMLA kernels exist for sm_120 "
+    "(`invoke advise` rule attention-backend)"
+)
+_DEEPGEMM = (
+    "--env SGLANG_ENABLE_JIT_DEEPGEMM=0 (DeepGEMM is off on sm_120 unless a recent sgl-deep-gemm is installed; "
+    "`invoke advise` rule deepgemm-off)"
+)
 _PY_SPY = "read the py-spy dumps below: the call each rank waits in tells these causes apart"
 _SHM = "containers: host IPC (smoke's default) or --shm-size 32g; Docker's 64 MB /dev/shm breaks NCCL between ranks"
 
@@ -111,9 +122,10 @@ class CrashSignature:
     pattern: re.Pattern[str]
     meaning: str
     remedy: str
+    avoided_by: str | None = None  # the `invoke advise` rule that avoids it (recipes/crash_signatures.py)
 
 
-CRASH_SIGNATURES: tuple[CrashSignature, ...] = (
+_GENERIC_SIGNATURES: tuple[CrashSignature, ...] = (
     CrashSignature(
         "no-kernel-image",
         re.compile(r"no kernel image is available for execution on the device"),
@@ -157,6 +169,18 @@ CRASH_SIGNATURES: tuple[CrashSignature, ...] = (
         "upgrade the driver (CUDA 13.x needs >= 580) or use an image built for an older CUDA",
     ),
 )
+# The sm_12x signatures each name the advisor rule that avoids them (the table lives in recipes/).
+_ADVISED_SIGNATURES = tuple(
+    CrashSignature(
+        known.name,
+        re.compile(known.pattern),
+        known.meaning,
+        f"`invoke advise` rule {known.avoided_by}: {rule.decides}" if (rule := rule_named(known.avoided_by)) else "",
+        known.avoided_by,
+    )
+    for known in KNOWN_CRASHES
+)
+CRASH_SIGNATURES: tuple[CrashSignature, ...] = (*_GENERIC_SIGNATURES, *_ADVISED_SIGNATURES)
 
 
 @dataclass(frozen=True)
@@ -170,6 +194,7 @@ class SignatureMatch:
             "line": self.line,
             "meaning": self.signature.meaning,
             "remedy": self.signature.remedy,
+            "avoided_by": self.signature.avoided_by,
         }
 
 
