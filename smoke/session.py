@@ -112,6 +112,20 @@ def _diagnose(
         if gpu_info["available"]
         else f"GPU unavailable ({gpu_info['reason']})"
     )
+    dumps = [d["text"] for d in py_spy["dumps"] if d["ok"]]
+    causes = dx.causes_for(
+        outcome.phase,
+        busy=outcome.verdict is Verdict.TIMEOUT,
+        failing_probe=probe.current if outcome.verdict in (Verdict.UNHEALTHY, Verdict.HANG) else None,
+        stacks=dumps,
+    )
+    notes += dx.evidence_notes(outcome.phase, dumps)
+    for number, cause in enumerate(causes, 1):
+        progress(f"  likely cause {number}: {cause.cause}; try: {' | '.join(cause.tries)}")
+        if cause.evidence:
+            progress(f"    evidence that tells it apart: {cause.evidence}")
+    for note in notes:
+        progress(f"  {note}")
     return dx.Diagnosis(
         summary=f"{dx.process_summary(processes)}; py-spy: {py_spy['note']}"
         + (f" (main threads in {stacks})" if stacks else "")
@@ -119,11 +133,7 @@ def _diagnose(
         processes=processes,
         py_spy=py_spy,
         gpu=gpu_info,
-        likely_causes=dx.causes_for(
-            outcome.phase,
-            busy=outcome.verdict is Verdict.TIMEOUT,
-            failing_probe=probe.current if outcome.verdict in (Verdict.UNHEALTHY, Verdict.HANG) else None,
-        ),
+        likely_causes=causes,
         signatures=signatures,
         notes=notes,
     )

@@ -29,8 +29,8 @@ def incident_stream() -> str:
     text += _bar(0)  # rank 0's bar opens; rank 1's Load weight line is glued to it
     text += "[2026-01-02 03:04:02 TP1] Load weight begin. avail mem=93.72 GB\n"
     text += _bar(0)
-    for k in range(1, 65):
-        text += _bar(k) + _bar(k - 1)
+    for k in range(1, 65):  # tqdm draws 0/64 once per bar
+        text += _bar(k) + (_bar(k - 1) if k > 1 else "")
     text += _bar(64)  # rank 0's close redraw; its newline comes after rank 1's next write
     text += _bar(64)  # rank 1's last update
     text += "\n"  # rank 0's close newline
