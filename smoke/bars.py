@@ -128,7 +128,7 @@ class CheckpointBars:
         return out
 
     def describe(self) -> str:
-        """"2 bars closed at 64/64" or "1 bar closed at 64/64; open: 63/64"."""
+        """ "2 bars closed at 64/64" or "1 bar closed at 64/64; open: 63/64"."""
         finished = [f"TP{r} {d}/{t}" for r, (d, t) in sorted(self.ranked.items()) if d >= t]
         closed: dict[int, int] = {}
         for family in self._checkpoint():

@@ -33,7 +33,9 @@ _NCCL_P2P = "--env NCCL_P2P_DISABLE=1 --env NCCL_CUMEM_ENABLE=0 (NCCL peer-to-pe
 _NCCL_IB = "--env NCCL_IB_DISABLE=1 on a single node, and check that the IOMMU is off or in passthrough (iommu=pt)"
 _NCCL_DEBUG = "--env NCCL_DEBUG=INFO to see which rank waits in which collective"
 _VERIFY = "invoke verify on the image for this GPU's arch (e.g. sm120): are its kernels in the binary the loader picks?"
-_BISECT_GRAPH = "--cuda-graph-backend-decode disabled in the server command (older SGLang: --disable-cuda-graph), to bisect"
+_BISECT_GRAPH = (
+    "--cuda-graph-backend-decode disabled in the server command (older SGLang: --disable-cuda-graph), to bisect"
+)
 _ATTENTION = "--attention-backend flashinfer (or triton): no FA3/FlashMLA kernels exist for sm_120"
 _DRAFT_ATTENTION = "--speculative-draft-attention-backend flashinfer (or triton) for the draft model"
 _DEEPGEMM = "--env SGLANG_ENABLE_JIT_DEEPGEMM=0 (DeepGEMM is off on sm_120 unless a recent sgl-deep-gemm is installed)"

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import psutil
@@ -37,9 +36,6 @@ from bwstack.smoke.causes import (
     pointed_at,
 )
 from bwstack.smoke.gpu import GpuSampler
-
-
-
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ class Vocabulary:
         return tuple(r.version for r in self.releases)
 
     def covers(self) -> str:
-        """"SGLang 0.5.21..0.5.23": the releases checked, oldest to newest."""
+        """ "SGLang 0.5.21..0.5.23": the releases checked, oldest to newest."""
         first, last = self.releases[0].version, self.releases[-1].version
         return f"{self.engine} {first}" if first == last else f"{self.engine} {first}..{last}"
 
@@ -131,7 +131,9 @@ SGLANG = Vocabulary(
     releases=(Release("0.5.21"), Release("0.5.22"), Release("0.5.23")),
     server=(UVICORN, "0.54.0"),
     markers=Markers(
-        checkpoint_bar=re.compile(r"(?P<desc>Loading safetensors checkpoint shards|Multi-thread loading shards)" + _BAR_TAIL),
+        checkpoint_bar=re.compile(
+            r"(?P<desc>Loading safetensors checkpoint shards|Multi-thread loading shards)" + _BAR_TAIL
+        ),
         progress_bar=_PROGRESS,
         load_begin=re.compile(r"Load weight begin\."),
         load_end=re.compile(r"Load weight end\. elapsed="),
@@ -185,7 +187,10 @@ SGLANG = Vocabulary(
         ),
         Phase(
             DRAFT_CUDA_GRAPH,
-            _l(r"Capture draft (?:decode|extend|prefill|verify) CUDA graph begin\."),
+            _l(
+                r"Capture draft (?:decode|extend|prefill|verify) CUDA graph begin\.",
+                r"Capture UNO tree draft CUDA graph begin\.",
+            ),
             "the draft model's CUDA graph capture began, never ended",
         ),
         Phase(
