@@ -125,7 +125,10 @@ class LogTail:
         self._limit = limit
 
     def add(self, line: LogLine) -> None:
-        if line.blank:
+        if line.blank:  # a newline alone ends what a terminal shows on that line: the last bar update
+            if self._live:
+                self._lines.append(self._live[-1])
+                self._live.clear()
             return
         if line.transient:
             self._live.append(line.raw)

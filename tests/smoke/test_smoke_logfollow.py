@@ -113,7 +113,7 @@ def test_stream_pump_copies_a_stream_into_the_file(tmp_path: Path) -> None:
     gate = threading.Event()
 
     def chunks():
-        yield b"[2026-01-02 03:04:05 TP0] Init torch distributed begin.\n"
+        yield b"[2026-01-02 03:04:05 TP0] Init parallel begin.\n"
         gate.wait(5)
         yield b"\rbar 1/2\rbar 2/2\n"
 
