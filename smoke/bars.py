@@ -8,10 +8,12 @@ another rank's log line and a close's newline may land after another rank's writ
 So updates alone cannot say which bar finished: a bar prints N/N twice (its last update, its close) and
 two bars at N-1 followed by two N/N updates may be one bar finished and one stuck. The newline can: each
 bar that finishes writes exactly one, and nothing else in a server's start-up log writes a newline that
-is not the end of its own line. A bar is closed when a newline is attributed to it: one that ends an
-update at N/N closes that bar; a newline after any other update, or on an empty line, closes the bar
-that is at N/N and still open (a checkpoint bar before any other). Counts name the bars (each update goes
-to the bar it continues: the highest count below it, or a bar at N/N still open for a redraw).
+is not the end of its own line. So bars are counted, not followed: an update moves the bar with the
+highest count below it (a redraw leaves a bar where it is), which puts as many bars at N/N as there were
+N/N updates; a newline that ends an update at N/N closes that bar, and one after any other update or on
+an empty line closes a bar at N/N still open (of the kind that drew N/N last); only a 0/N opens a bar.
+Every bar that finished wrote N/N before its newline, so every close finds a bar, and a stuck bar never
+writes one.
 
 The rule the tracker applies: every bar that started is closed -> `shards-loaded`; else the bars open short
 of N/N are named.
@@ -38,26 +40,19 @@ class _Family:
     total: int
     chains: list[_Chain] = field(default_factory=list)
 
-    def update(self, done: int) -> _Chain:
-        if done == 0:
-            chain = _Chain(0)
+    def update(self, done: int) -> _Chain | None:
+        """Count an update: a new bar at 0, else the bar with the highest count below it moves up; None when
+        no bar is below (a redraw: it moves nothing)."""
+        if done == 0 or not self.chains:  # a bar opens (or the log began inside one)
+            chain = _Chain(done)
             self.chains.append(chain)
             return chain
-        if done == self.total:
-            redraw = self.open_at_total()
-            if redraw is not None:
-                return redraw
         below = [c for c in self.chains if c.done < done and not c.closed]
         if below:
             chain = max(below, key=lambda c: c.done)
             chain.done = done
             return chain
-        same = [c for c in self.chains if c.done == done and not c.closed]
-        if same:
-            return same[0]
-        chain = _Chain(done)  # its opening update was not seen (the log began later)
-        self.chains.append(chain)
-        return chain
+        return None
 
     def open_at_total(self) -> _Chain | None:
         return next((c for c in self.chains if c.done >= self.total and not c.closed), None)
@@ -69,6 +64,7 @@ class CheckpointBars:
 
     ranked: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (done, total)
     families: dict[tuple[str, int], _Family] = field(default_factory=dict)
+    _last_final: str = ""  # the kind of bar that drew N/N most recently
 
     def _family(self, kind: str, total: int) -> _Family:
         return self.families.setdefault((kind, total), _Family(kind, total))
@@ -78,25 +74,28 @@ class CheckpointBars:
         if rank is not None:
             self.ranked[rank] = (done, total)
             return
-        chain = self._family(kind or "checkpoint", total).update(done)
-        if ending == "\n":
-            if done >= total and not chain.closed:
-                chain.closed = True
-            else:
-                self.newline()
+        family = self._family(kind or "checkpoint", total)
+        self._count(family, done, ending)
+
+    def _count(self, family: _Family, done: int, ending: str) -> None:
+        chain = family.update(done)
+        if done >= family.total:
+            self._last_final = family.kind
+            chain = chain or family.open_at_total()  # a redraw at N/N: its newline closes a bar at N/N
+        if ending != "\n":
+            return
+        if chain is not None and chain.done >= family.total and not chain.closed:
+            chain.closed = True
+        else:
+            self.newline()
 
     def other(self, done: int, total: int, *, ending: str) -> None:
         """An update of another bar (graph capture, another loader): it may carry a checkpoint bar's newline."""
-        chain = self._family(OTHER, total).update(done)
-        if ending == "\n":
-            if done >= total and not chain.closed:
-                chain.closed = True
-            else:
-                self.newline()
+        self._count(self._family(OTHER, total), done, ending)
 
     def newline(self) -> None:
-        """A newline that ended no line of its own: some bar at N/N closed (a checkpoint bar first)."""
-        families = sorted(self.families.values(), key=lambda f: f.kind == OTHER)
+        """A newline that ended no line of its own: a bar at N/N closed (the kind that drew N/N last first)."""
+        families = sorted(self.families.values(), key=lambda f: (f.kind != self._last_final, f.kind == OTHER))
         for family in families:
             chain = family.open_at_total()
             if chain is not None:

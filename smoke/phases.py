@@ -1,7 +1,8 @@
 """Log lines in, the furthest start-up phase reached out (the vocabulary itself is data: vocabulary.py).
 
 Beyond matching lines to phases, three states come from context: `shards-loaded` (every checkpoint bar
-that started closed at N/N, bars.py), `draft-loading-weights` (a rank that logged `Load weight end` logs
+that started closed at N/N, bars.py; the one phase that can be left backwards, to loading-weights, when
+another rank's bar starts after the others closed), `draft-loading-weights` (a rank that logged `Load weight end` logs
 `Load weight begin` again: SGLang loads the speculative draft model after the target), and which CUDA
 graph captures began and ended (a stall in a capture phase names the capture that never ended, or says
 that every one ended and nothing came after).
@@ -98,7 +99,7 @@ class PhaseTracker:
             self.listen_url = url.group(0) if url else None
         target = self._match(line.message)
         target = self._context(line, target)
-        if bar or line.ending == "\n":
+        if bar or line.ending == "\n" or self.phase == SHARDS_LOADED:
             change = self._bars_done(line)
             if change is not None:
                 return change
@@ -107,6 +108,10 @@ class PhaseTracker:
     def _bars_done(self, line: LogLine) -> PhaseChange | None:
         if self.bars.complete and self._order(self.phase) < self._order(SHARDS_LOADED):
             return self.advance(SHARDS_LOADED, line.raw)
+        if self.phase == SHARDS_LOADED and not self.bars.complete:
+            # a state, not a line: a rank's bar that starts after the others closed (ranks drift) undoes it
+            self.phase = LOADING_WEIGHTS
+            return PhaseChange(LOADING_WEIGHTS, line.raw)
         return None
 
     def _context(self, line: LogLine, target: str | None) -> str | None:
