@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,6 +42,18 @@ def _text(value: str) -> str:
     surrogate from invalid UTF-8, a NUL), which would otherwise crash the report at the last step."""
     clean = value.encode("utf-8", "backslashreplace").decode("utf-8")
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", clean)
+
+
+# Width for output that is not a terminal (a CI log, a pipe, a file): wide enough that rich never wraps a
+# path or a finding, whose every character someone may need to copy.
+_UNWRAPPED_WIDTH = 100_000
+
+
+def table_console() -> Console:
+    """A terminal's own width; anything else gets whole lines (rich would cut them at 80 columns)."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=_UNWRAPPED_WIDTH)
 
 
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
@@ -177,7 +190,7 @@ class Report:
                     ) from None
 
     def print_table(self, console: Console | None = None) -> None:
-        console = console or Console()
+        console = console or table_console()
         title = Text(f"bwstack {self.kind}: {_text(self.subject)} ")
         title.append("PASS" if self.ok else "FAIL", style="green" if self.ok else "bold red")
         table = Table(title=title, show_lines=False, expand=False)
