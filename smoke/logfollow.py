@@ -14,7 +14,9 @@ The server writes into a file (a process's stdout, or a container's stream copie
 from __future__ import annotations
 
 import codecs
+import os
 import re
+import stat
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -156,12 +158,16 @@ class FileFollower:
 
     def read_new(self) -> list[LogLine]:
         """Every complete line appended since the last call (never blocks)."""
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read(self._chunk)
+        try:  # never block (a FIFO put in its place) and never read a device (/dev/full never ends)
+            descriptor = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return []
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return []
+            data = os.pread(descriptor, self._chunk, self._offset)
+        finally:
+            os.close(descriptor)
         if not data:
             return []
         self._offset += len(data)

@@ -20,7 +20,15 @@ from bwstack.smoke.activity import ActivityMonitor
 from bwstack.smoke.cleanup import CleanupResult
 from bwstack.smoke.gpu import GpuSampler, open_gpu_sampler
 from bwstack.smoke.interrupt import TerminationGuard
-from bwstack.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
+from bwstack.smoke.launch import (
+    ContainerServer,
+    LaunchSpec,
+    ProcessServer,
+    Server,
+    check_log_path,
+    docker_client,
+    unique_name,
+)
 from bwstack.smoke.logfollow import FileFollower
 from bwstack.smoke.phases import PhaseTracker, vocabulary
 from bwstack.smoke.probe import ReadinessProbe, port_open, resolve_host
@@ -172,6 +180,8 @@ def run_smoke(
     """
     say = _stamped(progress)
     command = resolve_command(request)
+    if request.log_path is not None:
+        check_log_path(request.log_path)  # a FIFO or /dev/full must fail now, not block or spin later
     vocab = vocabulary(command.engine)
     resolve_host(request.host, command.port)  # an unresolvable host is bad input, not a server that never listened
     if port_open(request.host, command.port):
