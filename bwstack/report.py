@@ -9,6 +9,7 @@ at the top level beside `ok` and `checks` so CI can read e.g. `report["targets"]
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -50,10 +51,12 @@ _UNWRAPPED_WIDTH = 100_000
 
 
 def table_console() -> Console:
-    """A terminal's own width; anything else gets whole lines (rich would cut them at 80 columns)."""
+    """A terminal's own width; anything else whole lines (rich would cut them at 80 columns), unless
+    COLUMNS asks for a width."""
     if sys.stdout.isatty():
         return Console()
-    return Console(width=_UNWRAPPED_WIDTH)
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else _UNWRAPPED_WIDTH)
 
 
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}

@@ -99,7 +99,7 @@ def spin(seconds: float | None) -> None:
         value = (value * 1103515245 + 12345) % (1 << 31)
 
 
-def post_load_weight_processing() -> None:
+def process_weights_after_loading() -> None:
     """The incident: the checkpoint is read and then nothing happens, asleep, forever."""
     while True:
         time.sleep(3600)
@@ -122,7 +122,7 @@ def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
     if args.scenario == "busy-silent":
         if rank == 0:
             spin(None)
-        post_load_weight_processing()
+        process_weights_after_loading()
     shard_s = args.shard_s if args.scenario == "slow-progress" else args.shard_s / 8
     loading = time.monotonic()
     if rank == 0 or args.bars == "per-rank":
@@ -130,7 +130,7 @@ def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
     else:
         time.sleep(shard_s * args.shards)  # reading its shards without a bar, as SGLang 0.5.23's other ranks do
     if args.scenario == "incident":
-        post_load_weight_processing()
+        process_weights_after_loading()
     emit(
         f"Load weight end. elapsed={time.monotonic() - loading:.2f} s, type=DeepseekV3ForCausalLM, "
         "quant=compressed-tensors, avail mem=67.18 GB, mem usage=26.54 GB.",
@@ -141,7 +141,7 @@ def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
     emit("Memory pool end. avail mem=48.92 GB", rank)
     emit("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=48.90 GB", rank)
     if args.scenario == "capture-hang":
-        post_load_weight_processing()
+        process_weights_after_loading()
     if args.scenario == "crash-no-kernel-image" and rank == 0:
         emit("Scheduler hit an exception: Traceback (most recent call last):", rank)
         for line in (

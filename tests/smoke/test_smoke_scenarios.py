@@ -106,9 +106,10 @@ def test_incident_is_a_hang_in_shards_loaded_named_within_stall_timeout(port: in
     assert all(p["wchan"] and p["threads"] >= 1 and p["cpu_user_s"] >= 0 for p in processes)
     dumps = data["diagnosis"]["py_spy"]["dumps"]
     assert len(dumps) == 3 and all(d["ok"] for d in dumps)
-    assert sum("post_load_weight_processing" in d["text"] for d in dumps) == 2  # both ranks, asleep there
-    assert "main threads in post_load_weight_processing x2" in data["diagnosis"]["summary"]
-    assert sum("main thread in post_load_weight_processing" in line for line in lines) == 2
+    assert sum("process_weights_after_loading" in d["text"] for d in dumps) == 2  # both ranks, asleep there
+    assert "main threads in process_weights_after_loading x2" in data["diagnosis"]["summary"]
+    assert sum("main thread in process_weights_after_loading" in line for line in lines) == 2
+    assert any(n.startswith("py-spy points at: kernels for this GPU missing") for n in data["diagnosis"]["notes"])
     assert data["diagnosis"]["gpu"]["available"] is False and data["diagnosis"]["gpu"]["reason"]
     tries = [t for cause in data["diagnosis"]["likely_causes"] for t in cause["try"]]
     assert any("invoke verify" in t for t in tries) and any("NCCL_P2P_DISABLE=1" in t for t in tries)
