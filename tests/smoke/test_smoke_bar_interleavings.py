@@ -85,6 +85,16 @@ def test_every_case_was_recorded_with_sglangs_bar_and_its_cases_shape() -> None:
         assert ("Capturing batches (bs=" in text) is (case.stuck is None)
 
 
+def test_the_interleavings_glue_updates_to_lines_and_part_closes_from_their_bars() -> None:
+    """What the property test is for: some orders put another rank's line right after a bar update (glued),
+    or another rank's write between a bar's close and its newline."""
+    streams = recorded(Case(8, "per-rank", None))
+    texts = [interleave(streams, random.Random(seed)) for seed in range(20)]
+    assert sum(bool(re.search(r"it/s\]\[\d{4}-\d\d-\d\d ", t)) for t in texts) >= 10
+    # a close's newline alone after another rank's bar update or log line
+    assert sum(bool(re.search(r"TP\d\] [^\r\n]*\n\n|\| (?:\d|1[0-5])/16 \[[^\r\n]*\n", t)) for t in texts) >= 5
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_the_order_the_recording_arrived_in(case: Case) -> None:
     check(case, track("".join(chunk for _rank, chunk in barstreams.arrival(case))))

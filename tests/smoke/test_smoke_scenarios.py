@@ -81,7 +81,10 @@ def test_healthy_start_is_ready_with_every_probe_passed(port: int, tmp_path: Pat
     assert data["completion_text"].strip().startswith("Paris")
     phases = [h["phase"] for h in data["phase_history"]]
     order = list(vocabulary("sglang").names)
-    assert phases == sorted(phases, key=order.index)  # forward only
+    # forward only, but for shards-loaded (a state) undone when a drifting rank's bar starts after the others closed
+    undone = [i for i, p in enumerate(phases) if p == "loading-weights" and "shards-loaded" in phases[:i]]
+    phases = [p for i, p in enumerate(phases) if i not in undone]
+    assert phases == sorted(phases, key=order.index)
     # shards-loaded may be passed over: one rank's `Load weight end` can come before the other rank's 64/64;
     # the draft phases and the deferred weight commit belong to speculative and overlapped starts only
     skipped = ("shards-loaded", "draft-loading-weights", "draft-cuda-graph", "weights-committed")
