@@ -16,6 +16,8 @@ Scenarios:
   incident               bars reach N/N on every rank, then silence: every process asleep, nothing listens
   crash-no-kernel-image  rank 0 dies in CUDA graph capture with "no kernel image is available", exit 1
   capture-hang           every rank falls asleep after `Capture target decode CUDA graph begin`
+  draft-capture-hang     speculative decoding (as --speculative): the draft model loads, the target's verify
+                         graph is captured, then TP0 falls asleep in `Capture draft decode CUDA graph begin`
   slow-progress          a slow checkpoint (one shard per --shard-s) and a silent but CPU-busy capture
                          (--busy-s), each longer than a stall timeout, then ready: not a hang
   busy-silent            rank 0 spins the CPU without a word after `Load weight begin`
@@ -42,6 +44,7 @@ SCENARIOS = (
     "incident",
     "crash-no-kernel-image",
     "capture-hang",
+    "draft-capture-hang",
     "slow-progress",
     "busy-silent",
     "health-503",
@@ -105,6 +108,12 @@ def process_weights_after_loading() -> None:
         time.sleep(3600)
 
 
+def draft_capture() -> None:
+    """A draft graph capture that never returns, asleep."""
+    while True:
+        time.sleep(3600)
+
+
 def scheduler_event_loop() -> None:
     """A ready rank: idle until requests come (the emulator answers them in the main process)."""
     threading.Event().wait()
@@ -136,10 +145,20 @@ def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
         "quant=compressed-tensors, avail mem=67.18 GB, mem usage=26.54 GB.",
         rank,
     )
+    speculative = args.speculative or args.scenario == "draft-capture-hang"
+    if speculative:  # SGLang's draft worker loads its model right after the target's, on every rank
+        emit("Load weight begin. avail mem=67.18 GB", rank)
+        if rank == 0:
+            checkpoint_bar(2, shard_s)
+        emit(
+            "Load weight end. elapsed=0.05 s, type=DeepseekV3ForCausalLMNextN, avail mem=65.00 GB, mem usage=2.18 GB.",
+            rank,
+        )
     time.sleep(step)
     emit("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1048576, KV size: 17.04 GB", rank)
     emit("Memory pool end. avail mem=48.92 GB", rank)
-    emit("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=48.90 GB", rank)
+    graph = "target verify" if speculative else "target decode"
+    emit(f"Capture {graph} CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=48.90 GB", rank)
     if args.scenario == "capture-hang":
         process_weights_after_loading()
     if args.scenario == "crash-no-kernel-image" and rank == 0:
@@ -170,10 +189,27 @@ def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
     if rank == 0:
         raw("\n")
     emit(
-        f"Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed={time.monotonic() - started:.2f} s, "
+        f"Capture {graph} CUDA graph end. bs=[1, 2, 4, 8], elapsed={time.monotonic() - started:.2f} s, "
         "mem usage=0.31 GB, avail mem=48.59 GB.",
         rank,
     )
+    if speculative:  # the draft worker's captures, logged by TP0 only; the other ranks wait for it
+        for kind in ("decode", "extend"):
+            if rank == 0:
+                emit(
+                    f"Capture draft {kind} CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2, 4, 8], "
+                    "avail mem=48.50 GB",
+                    rank,
+                )
+            if args.scenario == "draft-capture-hang" and rank == 0:
+                draft_capture()
+            if args.scenario == "draft-capture-hang":
+                process_weights_after_loading()  # the other ranks: waiting for TP0 in the next collective
+            time.sleep(step / 2)
+            if rank == 0:
+                emit(
+                    f"Capture draft {kind} CUDA graph end. elapsed=0.02 s, mem usage=0.10 GB, avail mem=48.40 GB.", rank
+                )
     if rank == 0:
         emit(
             "max_total_num_tokens=1048576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
@@ -284,6 +320,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=None, help="rank processes (default --tp)")
     parser.add_argument("--shards", type=int, default=64)
     parser.add_argument("--bars", choices=("per-rank", "rank0"), default="per-rank", help="who draws the shard bar")
+    parser.add_argument("--speculative", action="store_true", help="a draft model: its load and graph captures")
     parser.add_argument("--shard-s", type=float, default=0.02, help="seconds per shard (slow-progress; else /8)")
     parser.add_argument("--busy-s", type=float, default=2.5, help="silent CPU-busy capture (slow-progress)")
     parser.add_argument("--step-s", type=float, default=0.05, help="pause between log lines")

@@ -129,6 +129,19 @@ def test_a_capture_hang_is_named_as_the_target_capture_that_never_ended(port: in
     assert report.exit_code == 1
 
 
+def test_a_draft_capture_hang_is_its_own_phase_after_the_drafts_load(port: int, tmp_path: Path) -> None:
+    report, data, _ = smoke(emulator_command(port, "draft-capture-hang", "--bars", "rank0"), port, tmp_path)
+    assert (data["verdict"], data["phase"]) == ("hang", "draft-cuda-graph")
+    assert "the draft model's CUDA graph capture began, never ended (draft decode)" in data["summary"]
+    phases = [h["phase"] for h in data["phase_history"]]
+    assert phases[phases.index("weights-loaded") :] == [
+        "weights-loaded", "draft-loading-weights", "memory-pool", "cuda-graph", "draft-cuda-graph"
+    ]  # fmt: skip
+    tries = [t for cause in data["diagnosis"]["likely_causes"] for t in cause["try"]]
+    assert any("--speculative-draft-attention-backend" in t for t in tries)
+    assert report.exit_code == 1
+
+
 def test_crash_with_no_kernel_image_names_the_signature_and_invoke_verify(port: int, tmp_path: Path) -> None:
     report, data, _ = smoke(emulator_command(port, "crash-no-kernel-image"), port, tmp_path)
     assert (data["verdict"], data["phase"]) == ("crash", "cuda-graph")
