@@ -64,6 +64,8 @@ def _gpus(request: SmokeRequest, gpu: GpuSampler) -> str:
 
 def _log_tail_text(path: Path, limit: int = 1 << 20) -> list[str]:
     """The last `limit` bytes of the log as lines (a crash's traceback can sit above the last 50 lines)."""
+    if not path.is_file():  # a FIFO or a device put in its place must not block or spin the diagnosis
+        return []
     try:
         with path.open("rb") as handle:
             handle.seek(0, 2)

@@ -58,6 +58,12 @@ def mismatches(vocab: Vocabulary, version: str, release: Release) -> tuple[list[
     return unmatched, silent_but_logged
 
 
+def test_the_docs_name_the_versions_the_vocabulary_is_checked_against() -> None:
+    vllm = VOCABULARIES["vllm"]
+    said = f"smoke understands SGLang {SGLANG.versions[0]}..{SGLANG.versions[-1]} and vLLM {vllm.versions[-1]}"
+    assert said in " ".join((REPO / "docs" / "smoke.md").read_text().split())
+
+
 @pytest.mark.parametrize(("engine", "version"), RELEASES)
 def test_every_phase_pattern_matches_a_line_the_release_logs(engine: str, version: str) -> None:
     vocab = VOCABULARIES[engine]
