@@ -99,11 +99,11 @@ class PhaseTracker:
             self.listen_url = url.group(0) if url else None
         target = self._match(line.message)
         target = self._context(line, target)
+        change = None
         if bar or line.ending == "\n" or self.phase == SHARDS_LOADED:
             change = self._bars_done(line)
-            if change is not None:
-                return change
-        return self.advance(target, line.raw) if target is not None else None
+        further = self.advance(target, line.raw) if target is not None else None
+        return further or change
 
     def _bars_done(self, line: LogLine) -> PhaseChange | None:
         if self.bars.complete and self._order(self.phase) < self._order(SHARDS_LOADED):
