@@ -9,7 +9,9 @@ at the top level beside `ok` and `checks` so CI can read e.g. `report["targets"]
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -43,6 +45,20 @@ def _text(value: str) -> str:
     surrogate from invalid UTF-8, a NUL), which would otherwise crash the report at the last step."""
     clean = value.encode("utf-8", "backslashreplace").decode("utf-8")
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", clean)
+
+
+# Width for output that is not a terminal (a CI log, a pipe, a file): wide enough that rich never wraps a
+# path or a finding, whose every character someone may need to copy.
+_UNWRAPPED_WIDTH = 100_000
+
+
+def table_console() -> Console:
+    """A terminal's own width; anything else whole lines (rich would cut them at 80 columns), unless
+    COLUMNS asks for a width."""
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else _UNWRAPPED_WIDTH)
 
 
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
@@ -152,7 +168,7 @@ class Report:
                     target.write_text(text())
 
     def print_table(self, console: Console | None = None) -> None:
-        console = console or Console()
+        console = console or table_console()
         title = Text(f"bwstack {self.kind}: {_text(self.subject)} ")
         title.append("PASS" if self.ok else "FAIL", style="green" if self.ok else "bold red")
         table = Table(title=title, show_lines=False, expand=False)

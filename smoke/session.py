@@ -22,7 +22,15 @@ from bwstack.smoke.cleanup import CleanupResult
 from bwstack.smoke.gpu import GpuSampler, open_gpu_sampler
 from bwstack.smoke.history import HistoryOptions, file_run, image_id, run_key
 from bwstack.smoke.interrupt import TerminationGuard
-from bwstack.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
+from bwstack.smoke.launch import (
+    ContainerServer,
+    LaunchSpec,
+    ProcessServer,
+    Server,
+    check_log_path,
+    docker_client,
+    unique_name,
+)
 from bwstack.smoke.logfollow import FileFollower
 from bwstack.smoke.phases import PhaseTracker, vocabulary
 from bwstack.smoke.probe import ReadinessProbe, port_open, resolve_host
@@ -72,6 +80,8 @@ def _gpus(request: SmokeRequest, gpu: GpuSampler) -> str:
 
 def _log_tail_text(path: Path, limit: int = 1 << 20) -> list[str]:
     """The last `limit` bytes of the log as lines (a crash's traceback can sit above the last 50 lines)."""
+    if not path.is_file():  # a FIFO or a device put in its place must not block or spin the diagnosis
+        return []
     try:
         with path.open("rb") as handle:
             handle.seek(0, 2)
@@ -128,6 +138,20 @@ def _diagnose(
         if gpu_info["available"]
         else f"GPU unavailable ({gpu_info['reason']})"
     )
+    dumps = [d["text"] for d in py_spy["dumps"] if d["ok"]]
+    causes = dx.causes_for(
+        outcome.phase,
+        busy=outcome.verdict is Verdict.TIMEOUT,
+        failing_probe=probe.current if outcome.verdict in (Verdict.UNHEALTHY, Verdict.HANG) else None,
+        stacks=dumps,
+    )
+    notes += dx.evidence_notes(outcome.phase, dumps)
+    for number, cause in enumerate(causes, 1):
+        progress(f"  likely cause {number}: {cause.cause}; try: {' | '.join(cause.tries)}")
+        if cause.evidence:
+            progress(f"    evidence that tells it apart: {cause.evidence}")
+    for note in notes:
+        progress(f"  {note}")
     return dx.Diagnosis(
         summary=f"{dx.process_summary(processes)}; py-spy: {py_spy['note']}"
         + (f" (main threads in {stacks})" if stacks else "")
@@ -135,11 +159,7 @@ def _diagnose(
         processes=processes,
         py_spy=py_spy,
         gpu=gpu_info,
-        likely_causes=dx.causes_for(
-            outcome.phase,
-            busy=outcome.verdict is Verdict.TIMEOUT,
-            failing_probe=probe.current if outcome.verdict in (Verdict.UNHEALTHY, Verdict.HANG) else None,
-        ),
+        likely_causes=causes,
         signatures=signatures,
         notes=notes,
     )
@@ -183,6 +203,8 @@ def run_smoke(
     """
     say = _stamped(progress)
     command = resolve_command(request)
+    if request.log_path is not None:
+        check_log_path(request.log_path)  # a FIFO or /dev/full must fail now, not block or spin later
     vocab = vocabulary(command.engine)
     resolve_host(request.host, command.port)  # an unresolvable host is bad input, not a server that never listened
     if port_open(request.host, command.port):
