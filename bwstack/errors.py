@@ -57,3 +57,11 @@ class PreflightError(BwstackError):
 
 class ReportError(BwstackError):
     """A report that could not be written where it was asked to go."""
+
+
+class BenchError(BwstackError):
+    """A bench or spec-check that could not run at all (bad flags, a server that never became ready)."""
+
+
+class RegistryError(BwstackError):
+    """The package registry could not be reached or did not answer as pip expects."""

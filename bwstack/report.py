@@ -9,7 +9,9 @@ at the top level beside `ok` and `checks` so CI can read e.g. `report["targets"]
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -22,6 +24,8 @@ from rich.text import Text
 
 from bwstack import REPORT_SCHEMA_VERSION, __version__
 from bwstack.errors import ReportError
+from bwstack.inputs import REPORT_REMEDY, check_report_folder, writing
+from bwstack.inputs import check_writable as check_writable  # where the task layer has always found it
 
 
 class Status(StrEnum):
@@ -43,40 +47,21 @@ def _text(value: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", clean)
 
 
+# Width for output that is not a terminal (a CI log, a pipe, a file): wide enough that rich never wraps a
+# path or a finding, whose every character someone may need to copy.
+_UNWRAPPED_WIDTH = 100_000
+
+
+def table_console() -> Console:
+    """A terminal's own width; anything else whole lines (rich would cut them at 80 columns), unless
+    COLUMNS asks for a width."""
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else _UNWRAPPED_WIDTH)
+
+
 _STATUS_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
-
-
-def check_writable(*paths: str | Path | None) -> None:
-    """Refuse, before any work, a report path that could never be written (ReportError, exit 2): a build
-    or a smoke run should not take an hour only to fail at its last line. It opens the file for appending,
-    which is the one honest test (root passes every permission check), and removes it if it was not there.
-    Folders are never created: a mistyped folder would otherwise swallow the report silently."""
-    for given in paths:
-        if not given:
-            continue
-        path = Path(given)
-        _check_folder(path)
-        existed = path.exists()
-        try:
-            with path.open("a"):
-                pass
-            if not existed:
-                path.unlink()
-        except OSError as error:
-            raise ReportError(
-                f"cannot write the report to {path}: {error.strerror or error}",
-                remedy="pass --json/--junit a file path in a writable folder",
-            ) from None
-
-
-def _check_folder(path: Path) -> None:
-    """The report's folder must exist; a regular file on the way is named as such, not as "File exists"."""
-    folder = path.parent
-    if folder.is_dir():
-        return
-    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    problem = f"{blocker} is a file, not a folder" if blocker else f"folder {folder} does not exist"
-    raise ReportError(f"cannot write the report to {path}: {problem}", remedy="create the folder, or pass another path")
 
 
 @dataclass
@@ -178,17 +163,12 @@ class Report:
         for path, text in ((json_path, self.to_json), (junit_path, self.to_junit)):
             if path:
                 target = Path(path)
-                _check_folder(target)
-                try:
+                check_report_folder(target)  # never created: see check_writable
+                with writing(f"the report to {target}", error=ReportError, remedy=REPORT_REMEDY):
                     target.write_text(text())
-                except OSError as error:
-                    raise ReportError(
-                        f"cannot write the report to {target}: {error.strerror or error}",
-                        remedy="pass --json/--junit a file path in a writable folder",
-                    ) from None
 
     def print_table(self, console: Console | None = None) -> None:
-        console = console or Console()
+        console = console or table_console()
         title = Text(f"bwstack {self.kind}: {_text(self.subject)} ")
         title.append("PASS" if self.ok else "FAIL", style="green" if self.ok else "bold red")
         table = Table(title=title, show_lines=False, expand=False)

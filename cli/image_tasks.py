@@ -3,53 +3,57 @@
 from __future__ import annotations
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
-from bwstack.errors import BwstackError
 from bwstack.inputs import optional_number
 
 MAX_JOBS_LIMIT = 4096  # compile jobs; more than any build host has threads, far below what breaks make/ninja
 
 
 @task(
+    iterable=["arch"],
     help={
-        "arch": "target GPU arch: sm120, sm_120 or 12.0 (see recipes/archs.py for the table)",
+        "arch": "target GPU arch(s): sm120, sm_120 or 12.0; repeat or use commas; all = every arch the recipe "
+        "builds (see recipes/archs.py for the table); one Dockerfile per arch",
         "recipe": "recipe name under recipes/ or a path to a .toml file (default from invoke.yaml: sglang)",
         "out": "output folder; writes <out>/<recipe>-<arch>/Dockerfile and build.json (default: build)",
         "repo": "image repository used in the tag recorded in build.json (default from invoke.yaml)",
         "max_jobs": "MAX_JOBS build-arg default baked into the Dockerfile (default: the recipe's)",
         "nvcc_threads": "NVCC_THREADS build-arg default baked into the Dockerfile (default: the recipe's)",
-    }
+    },
 )
 @guarded
 def render(
     c: Context,
-    arch: str | None = None,
+    arch: list[str],
     recipe: str | None = None,
     out: str | None = None,
     repo: str | None = None,
     max_jobs: str | None = None,
     nvcc_threads: str | None = None,
 ) -> None:
-    """Render a recipe into a Dockerfile + build.json for one GPU arch."""
+    """Render a recipe into a Dockerfile + build.json per GPU arch."""
     from pathlib import Path
 
     from bwstack.images.render import render as render_image
     from bwstack.images.render import write
     from bwstack.recipes.recipe import load_recipe
 
-    if not arch:
-        raise BwstackError("no --arch given (e.g. --arch sm120)")
     jobs = optional_number("--max-jobs", max_jobs, int, minimum=1, maximum=MAX_JOBS_LIMIT)
     threads = optional_number("--nvcc-threads", nvcc_threads, int, minimum=1)
     overrides = {k: str(v) for k, v in (("MAX_JOBS", jobs), ("NVCC_THREADS", threads)) if v is not None}
     loaded = load_recipe(setting(c, "recipe", recipe))
-    rendered = render_image(loaded, arch, repo=setting(c, "repo", repo), build_args=overrides)
-    print(write(rendered, Path(setting(c, "out", out))))
+    renders = [
+        render_image(loaded, target, repo=setting(c, "repo", repo), build_args=overrides)
+        for target in loaded.resolve_archs(arch)  # every arch renders before any is written
+    ]
+    for rendered in renders:
+        print(write(rendered, Path(setting(c, "out", out))))
 
 
 @task(
     iterable=["arch"],
     help={
-        "arch": "GPU arch to build for (repeatable): sm120, sm_100, 12.0 ...",
+        "arch": "GPU arch(s) to build for: sm120, sm_100, 12.0 ...; repeat or use commas; all = every arch the "
+        "recipe builds",
         "recipe": "recipe name under recipes/ or a path to a .toml file (default from invoke.yaml: sglang)",
         "tag": "image repository for the tags, e.g. registry.example.com/ml/bwstack (default from invoke.yaml)",
         "push": "push the gated tags to the registry after a passing verify",
@@ -77,12 +81,12 @@ def build(
 ) -> None:
     """Build the recipe's image per arch via Docker; tag it only if verify passes."""
     from bwstack.images.build import build_images
+    from bwstack.recipes.recipe import load_recipe
 
-    if not arch:
-        raise BwstackError("no --arch given (e.g. --arch sm120)")
+    name = setting(c, "recipe", recipe)
     report = build_images(
-        setting(c, "recipe", recipe),
-        arch,
+        name,
+        load_recipe(name).resolve_archs(arch),
         repo=setting(c, "repo", tag),
         gate=not no_verify,
         push=push,

@@ -10,22 +10,24 @@ from bwstack.inputs import image_reference, optional_number
 
 
 @task(
+    iterable=["arch"],
     help={
         "recipe": "recipe whose CUDA version (driver floor), archs and serve.tp the node is checked against "
         "(default from invoke.yaml: sglang)",
-        "arch": "the GPU arch the image targets, e.g. sm120 (default: any arch the recipe builds)",
+        "arch": "GPU arch(s) the image targets, e.g. sm120; repeat or use commas (default, or all: any arch the "
+        "recipe builds)",
         "tp": "tensor-parallel size: GPUs needed and the weights' split (default 0: the recipe's serve.tp)",
         "model": "checkpoint folder to check by its headers: config, safetensors index and shards, fit in GPU memory",
         "json": "write the report as JSON to this file",
         "junit": "write the report as JUnit XML to this file",
         "docker": "check the Docker engine and its NVIDIA runtime/CDI spec (default: on; --no-docker skips)",
-    }
+    },
 )
 @guarded
 def preflight(
     c: Context,
     recipe: str | None = None,
-    arch: str | None = None,
+    arch: list[str] | None = None,
     tp: str | None = None,
     model: str | None = None,
     json: str | None = None,
@@ -37,7 +39,7 @@ def preflight(
 
     tensor_parallel = optional_number("--tp", tp, int, minimum=1)
     request = request_for_recipe(
-        setting(c, "recipe", recipe), arch=arch, tp=tensor_parallel, model=model, docker=docker
+        setting(c, "recipe", recipe), archs=arch or (), tp=tensor_parallel, model=model, docker=docker
     )
     finish(run_preflight(request), json=json, junit=junit)
 
@@ -53,6 +55,7 @@ def preflight(
         "stall_timeout": "seconds of no log, CPU or GPU progress that count as a hang (default 120; demo 20)",
         "json": "write the report (every stage) as JSON to this file",
         "junit": "write the report as JUnit XML to this file",
+        "advice": "launch with this `invoke advise --json` file instead of the advice provision derives itself",
     }
 )
 @guarded
@@ -67,8 +70,9 @@ def provision(
     stall_timeout: str | None = None,
     json: str | None = None,
     junit: str | None = None,
+    advice: str | None = None,
 ) -> None:
-    """Bring up a node: preflight, verify the image for this node's GPUs, smoke-test it; one report."""
+    """Bring up a node: preflight, verify the image for this node's GPUs, advise the launch, smoke-test it."""
     import dataclasses
     from pathlib import Path
 
@@ -86,13 +90,20 @@ def provision(
         "stall_timeout_s": optional_number("--stall-timeout", stall_timeout, float, minimum=1),
     }
     request = dataclasses.replace(request, **{k: v for k, v in timeouts.items() if v is not None})
+    if advice:
+        from bwstack.advise import load_advice
+
+        load_advice(Path(advice))  # a bad file is exit 2 now, not after a build and a verify
+        request = dataclasses.replace(request, advice=Path(advice))
     report = run_provision(request, progress=lambda line: print(line, file=sys.stderr, flush=True))
     finish(report, json=json, junit=junit)
 
 
 @task(
+    iterable=["arch"],
     help={
-        "arch": "GPU arch the fleet's nodes have, e.g. sm120: picks the image and the nodes (GFD compute labels)",
+        "arch": "GPU arch(s) the fleet's nodes have, e.g. sm120: picks the image and the nodes (GFD compute "
+        "labels); repeat or use commas, all = every arch the recipe builds; one DaemonSet and playbook per arch",
         "recipe": "recipe name under recipes/ or a path to a .toml file (default from invoke.yaml: sglang)",
         "image": "stack image to provision (default: the content tag `invoke render` records for recipe and arch)",
         "repo": "image repository for the default image tag (default from invoke.yaml)",
@@ -100,12 +111,12 @@ def provision(
         "runner": "image holding bwstack that runs preflight/provision in the Kubernetes pods "
         "(default: bwstack-runner:latest)",
         "out": "output folder; writes <out>/fleet/<recipe>-<arch>/daemonset.yaml and playbook.yml (default: build)",
-    }
+    },
 )
 @guarded
 def fleet(
     c: Context,
-    arch: str | None = None,
+    arch: list[str],
     recipe: str | None = None,
     image: str | None = None,
     repo: str | None = None,
@@ -116,22 +127,31 @@ def fleet(
     """Render and validate a Kubernetes DaemonSet and an Ansible playbook that preflight + provision a fleet."""
     from pathlib import Path
 
-    from bwstack.nodes.fleet import DEFAULT_RUNNER, fleet_warnings, spec_for_recipe, write_fleet
+    from bwstack.nodes.fleet import DEFAULT_RUNNER, fleet_warnings, render_fleet, spec_for_recipe, write_fleet
+    from bwstack.recipes.recipe import load_recipe
 
-    if not arch:
-        raise BwstackError("no --arch given (e.g. --arch sm120)")
     for flag, ref in (("--image", image), ("--runner", runner)):
         if ref is not None:
             image_reference(flag, ref)
-    spec = spec_for_recipe(
-        setting(c, "recipe", recipe),
-        arch=arch,
-        image=image,
-        repo=setting(c, "repo", repo),
-        model_dir=model_dir,
-        runner_image=runner or DEFAULT_RUNNER,
-    )
-    for path in write_fleet(spec, Path(setting(c, "out", out))):
-        print(path)
-    for warning in fleet_warnings(spec):
-        print(f"bwstack: warning: {warning}", file=sys.stderr)
+    name = setting(c, "recipe", recipe)
+    targets = load_recipe(name).resolve_archs(arch)
+    if image and len(targets) > 1:
+        raise BwstackError("--image names one image, so it takes one --arch", remedy="run fleet once per arch")
+    specs = [
+        spec_for_recipe(
+            name,
+            arch=target,
+            image=image,
+            repo=setting(c, "repo", repo),
+            model_dir=model_dir,
+            runner_image=runner or DEFAULT_RUNNER,
+        )
+        for target in targets
+    ]
+    for spec in specs:
+        render_fleet(spec)  # every arch renders and validates before any file is written
+    for spec in specs:
+        for path in write_fleet(spec, Path(setting(c, "out", out))):
+            print(path)
+        for warning in fleet_warnings(spec):
+            print(f"bwstack: warning: {warning}", file=sys.stderr)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from bwstack.cli.clean_tasks import report_stale
 from bwstack.cli.program import Context, finish, guarded, setting, task
 from bwstack.errors import SmokeError
+
+if TYPE_CHECKING:
+    from bwstack.smoke.history import HistoryOptions
 
 
 @task(
@@ -30,6 +36,13 @@ from bwstack.errors import SmokeError
         "gpus": "containers: auto (every GPU NVML sees), all, none, or device ids 0,1 (default auto)",
         "shm_size": "containers: /dev/shm size such as 32g instead of host IPC",
         "grace": "seconds between SIGTERM and SIGKILL at clean-up (default 10)",
+        "advice": "an `invoke advise --json` file: its options extend the recipe's command, its environment the "
+        "server's (--env wins); refused with --command",
+        "advise": "compute the advice here (this node's NVML, --image, --model) and launch with it",
+        "history": "SQLite file of phase timings this run is recorded in and compared with (default "
+        "$BWSTACK_HISTORY or ~/.local/share/bwstack/history.sqlite; 'off' records nothing)",
+        "fail_on_regression": "exit 1 when a phase took more than max(2 x median, median + 60 s) of the last "
+        "5 runs with the same key (default: a warning)",
     },
 )
 @guarded
@@ -51,6 +64,10 @@ def smoke(
     gpus: str = "auto",
     shm_size: str | None = None,
     grace: str = "10",
+    advice: str | None = None,
+    advise: bool = False,
+    history: str | None = None,
+    fail_on_regression: bool = False,
 ) -> None:
     """Start a server, follow its start-up phases, probe it, name a crash/hang/timeout; exit 0 only when ready."""
     from bwstack.recipes import load_recipe
@@ -79,4 +96,49 @@ def smoke(
         shm_size=shm_size,
         grace=grace,
     )
-    finish(run_smoke(request, progress=lambda line: print(line, file=sys.stderr, flush=True)), json=json, junit=junit)
+    advised = advised_launch(advice, advise, recipe=request.recipe, image=image, model=request.model)
+    if advised is not None:
+        request = dataclasses.replace(
+            request,
+            advice_args=tuple(advised["args"]),
+            advised=True,
+            env={**advised["env"], **request.env},
+        )
+    report = run_smoke(
+        request,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        history=history_options(history, fail_on_regression=fail_on_regression),
+    )
+    if advised is not None:
+        report.data["advice"] = {"args": advised["args"], "env": advised["env"], "from": advised["from"]}
+    finish(report, json=json, junit=junit)
+
+
+def advised_launch(
+    advice: str | None, advise: bool, *, recipe: str, image: str | None, model: Path | None
+) -> dict[str, Any] | None:
+    """The advice's args and env: read from --advice FILE or computed (--advise); None without either."""
+    from bwstack.advise import AdviseError, load_advice
+
+    if advice and advise:
+        raise AdviseError("give --advice FILE or --advise, not both")
+    if advice:
+        return {**load_advice(Path(advice)), "from": advice}
+    if not advise:
+        return None
+    from bwstack.nodes.advice import AdviceRequest, compute_advice
+
+    computed, _report, _base = compute_advice(AdviceRequest(recipe=recipe, image=image, model=model))
+    if computed.refused:
+        raise AdviseError(f"advice refused by rule {computed.refused[0].rule}: {computed.refused[0].why}")
+    return {"args": list(computed.args), "env": computed.env, "from": "--advise"}
+
+
+def history_options(given: str | None, *, fail_on_regression: bool, kind: str = "smoke") -> HistoryOptions | None:
+    """--history FILE, the default store, or None for 'off'."""
+    from bwstack.smoke.history import HistoryOptions, default_path
+
+    if given and given.strip().lower() == "off":
+        return None
+    path = Path(given).expanduser() if given else default_path()
+    return HistoryOptions(path, fail_on_regression=fail_on_regression, kind=kind)

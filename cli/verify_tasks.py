@@ -11,7 +11,7 @@ from bwstack.inputs import number
 @task(
     iterable=["arch", "require"],
     help={
-        "arch": "GPU arch to check (repeatable): sm120, sm_121, 12.0, or all",
+        "arch": "GPU arch(s) to check: sm120, sm_121, 12.0; repeat or use commas; all = every arch bwstack knows",
         "wheel": "a wheel file to verify (.so members are streamed, never unpacked all at once)",
         "path": "a folder to verify: site-packages, or the package folder itself",
         "image": "a local Docker image to verify (its filesystem is exported; the image is never run)",
@@ -40,13 +40,14 @@ def verify(
     max_member_size: str = "4G",
 ) -> None:
     """Check that the binary a package's loader picks has code for each GPU arch (exit 1 if not)."""
-    from bwstack.verify.verify import open_source, parse_archs, verify_tree
+    from bwstack.recipes.archs import parse_arch_list
+    from bwstack.verify.verify import open_source, verify_tree
     from bwstack.verify.wheel_limits import Limits, parse_size
 
-    archs = parse_archs(arch)
-    report_stale("verify", containers=bool(image))
+    archs = parse_arch_list(arch)
     if any(not name.strip() for name in require or []):
         raise SourceError("--require needs a binary name, got an empty one", remedy="e.g. --require flash_ops")
+    report_stale("verify", containers=bool(image))
     limits = Limits(parse_size(max_member_size))
     with open_source(wheel=wheel, path=path, image=image, import_name=package, limits=limits) as tree:
         report = verify_tree(

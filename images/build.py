@@ -28,6 +28,7 @@ from bwstack.images.build_errors import classify_failure
 from bwstack.images.build_log import StepLog
 from bwstack.images.render import IMAGES_DIR, RenderedImage
 from bwstack.images.sizing import size_build_jobs
+from bwstack.recipes.archs import Arch
 from bwstack.report import Check, Report, Status
 from bwstack.verify import sources
 from bwstack.verify.verify import verify_tree
@@ -314,7 +315,7 @@ def _push(client: Any, tags: list[str], arch: str, report: Report, progress: Pro
 
 def build_images(
     recipe_name: str,
-    arch_texts: list[str],
+    arch_texts: list[str] | list[Arch],
     *,
     repo: str,
     gate: bool = True,

@@ -18,7 +18,9 @@ from typing import Any
 import jinja2
 
 from bwstack.errors import RenderError
+from bwstack.inputs import writing
 from bwstack.recipes.archs import Arch
+from bwstack.recipes.kernel_build import KernelBuild, plan
 from bwstack.recipes.recipe import Recipe
 from bwstack.templating import strict_environment
 
@@ -41,6 +43,7 @@ class RenderedImage:
     content_digest: str  # sha256 over recipe, arch and templates: names the image's content
     repo: str
     context_files: dict[str, str] = field(default_factory=dict)  # context path -> source path (demo stacks)
+    kernel_build: KernelBuild | None = None  # the sgl-kernel compile's CMake options and gencode targets
 
     @property
     def tag(self) -> str:
@@ -59,7 +62,9 @@ class RenderedImage:
         return f"{self.recipe.name}-{self.arch.name}"
 
     def manifest(self) -> dict[str, Any]:
+        extra = {"sgl_kernel_build": self.kernel_build.manifest()} if self.kernel_build else {}
         return {
+            **extra,
             "recipe": self.recipe.to_dict(),
             "arch": {
                 "name": self.arch.name,
@@ -172,7 +177,7 @@ def image_labels(recipe: Recipe, arch: Arch, digest: str) -> dict[str, str]:
 
 def render(
     recipe: Recipe,
-    arch_text: str,
+    arch_text: str | Arch,
     *,
     repo: str = "bwstack",
     build_args: dict[str, str] | None = None,
@@ -188,7 +193,9 @@ def render(
             raise RenderError(f"build arg {key}={value!r}: expected a whole number >= 1")
     labels = image_labels(recipe, arch, digest)
     serve_command = recipe.serve_command("/model", host="0.0.0.0", port=recipe.serve.port)
+    kernel_build = plan(arch, recipe.cuda_version) if recipe.sgl_kernel else None
     values = {
+        "kernel_build": kernel_build,
         "recipe": recipe,
         "arch": arch,
         "build_args": args,
@@ -207,7 +214,7 @@ def render(
         ) from None
     except jinja2.TemplateError as error:
         raise RenderError(f"{TEMPLATES_DIR / recipe.template}: template error: {error}") from None
-    return RenderedImage(recipe, arch, text, args, labels, digest, repo, context_files)
+    return RenderedImage(recipe, arch, text, args, labels, digest, repo, context_files, kernel_build)
 
 
 def _context_files(recipe: Recipe) -> dict[str, str]:
@@ -237,12 +244,8 @@ def write(rendered: RenderedImage, out: Path) -> Path:
     folder = out / rendered.dirname
     dockerfile = folder / "Dockerfile"
     manifest = json.dumps(rendered.manifest(), indent=2, sort_keys=True) + "\n"
-    try:
+    with writing(folder, error=RenderError, remedy="pass --out a writable folder"):
         folder.mkdir(parents=True, exist_ok=True)
         dockerfile.write_text(rendered.dockerfile, encoding="utf-8")
         (folder / "build.json").write_text(manifest, encoding="utf-8")
-    except OSError as error:
-        raise RenderError(
-            f"cannot write {folder}: {error.strerror or error}", remedy="pass --out a writable folder"
-        ) from None
     return dockerfile

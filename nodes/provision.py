@@ -1,9 +1,11 @@
-"""provision: bring a node from bare to "serves this model": preflight -> verify -> smoke, one report.
+"""provision: bring a node from bare to "serves this model": preflight -> verify -> advise -> smoke, one report.
 
 Each stage is the same library call its own task makes. The verify stage checks the image against the
 compute capabilities NVML reports on this node (not just the recipe's arch), because the node is
-where the binary will run. Provision stops at the first failed stage; the stages it did not run are in
-the report as skipped, with the reason.
+where the binary will run. The advise stage derives the launch's flags and environment from this node's
+preflight, the model and the image's files (read in the verify stage), and smoke launches with them.
+Provision stops at the first failed stage; the stages it did not run are in the report as skipped, with
+the reason.
 
 `--demo` runs the same flow on the demo stack with nothing but Docker: the demo image (built and
 verify-gated first if it is not there), the tiny Kimi-shaped checkpoint in images/demo/model, GPU checks
@@ -13,17 +15,20 @@ skipped (there is no GPU to ask), and verify against the demo recipe's arch inst
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bwstack.advise import ImageFacts, NodeFacts, load_advice
+from bwstack.advise.image import IMAGE_FILES, image_facts
 from bwstack.errors import BwstackError
 from bwstack.images.render import IMAGES_DIR
+from bwstack.inputs import check_model_folder, check_port, check_seconds
+from bwstack.nodes.advice import advice_from
 from bwstack.nodes.preflight import PreflightRequest, node_ccs, request_for_recipe, run_preflight
-from bwstack.recipes.archs import Arch, arch_for_cc, parse_arch
-from bwstack.recipes.recipe import load_recipe
+from bwstack.recipes.archs import Arch, arch_for_cc, cc_text, parse_arch
+from bwstack.recipes.recipe import Recipe, load_recipe
 from bwstack.report import Check, Report, Status
 from bwstack.smoke import SmokeRequest, run_smoke
 from bwstack.verify import sources
@@ -32,7 +37,7 @@ from bwstack.verify.verify import verify_tree
 DEMO_RECIPE = "demo"
 DEMO_ARCH = "sm120"
 DEMO_MODEL = IMAGES_DIR / "demo" / "model"  # package data of the images stage
-STAGES = ("build", "preflight", "verify", "smoke")
+STAGES = ("build", "preflight", "verify", "advise", "smoke")
 
 Progress = Callable[[str], None]
 
@@ -48,18 +53,15 @@ class ProvisionRequest:
     stall_timeout_s: float = 120.0
     repo: str = "bwstack"
     smoke_log: Path | None = None  # the smoke stage's server log; None: a new bwstack-smoke-* folder, kept
+    advice: Path | None = None  # an `invoke advise --json` file to launch with instead of advising here
 
     def __post_init__(self) -> None:
         # Checked before the first stage, not when smoke finally needs them after a build and a verify.
-        if self.port is not None and not 0 < self.port < 65536:
-            raise BwstackError(f"--port {self.port} is not a TCP port (1..65535)")
-        for name, value in (("--startup-timeout", self.startup_timeout_s), ("--stall-timeout", self.stall_timeout_s)):
-            if not (math.isfinite(value) and value > 0):
-                raise BwstackError(f"{name} must be a positive number of seconds, got {value}")
-        if self.model is not None and not self.demo and not self.model.is_dir():
-            raise BwstackError(
-                f"model folder {self.model} does not exist or is not a folder", remedy="pass --model DIR"
-            )
+        check_port("--port", self.port)
+        check_seconds("--startup-timeout", self.startup_timeout_s)
+        check_seconds("--stall-timeout", self.stall_timeout_s)
+        if self.model is not None and not self.demo:
+            check_model_folder(self.model)
 
     @classmethod
     def for_demo(cls, *, port: int | None = None, repo: str = "bwstack") -> ProvisionRequest:
@@ -170,14 +172,16 @@ def run_provision(
     report.data["verified_for"] = [a.name for a in archs]
     say(f"provision: verify {image} for {names or 'no GPU'}")
     import_name = recipe.sgl_kernel.import_name if recipe.sgl_kernel else "sgl_kernel"
+    read: dict[str, ImageFacts] = {}  # the image's facts for advise, read from verify's tree
 
     def verify_stage() -> Report:
         if not archs:
             raise BwstackError(
                 f"no GPU compute capability to verify for ({', '.join(unknown) or 'NVML found no GPUs'})"
             )
-        with sources.open_image(image, import_name=import_name, client=docker_client) as tree:
+        with sources.open_image(image, import_name=import_name, client=docker_client, also=IMAGE_FILES) as tree:
             verdict = verify_tree(tree, archs, import_name=import_name)
+            read["image"] = image_facts(tree, archs[0].cc if len(archs) == 1 else None)
         for cc in unknown:
             verdict.add(
                 Check(
@@ -193,6 +197,12 @@ def run_provision(
     if run.attempt("verify", verify_stage, note=note) is None:
         return _finish(run)
 
+    say("provision: advise (flags and environment for this node, model and image)")
+    advised = run.attempt("advise", lambda: _advise(request, recipe, preflight, model, read.get("image")))
+    if advised is None:
+        return _finish(run)
+    launch = advised.data["advice"]
+
     say("provision: smoke (start the server with the model, probe it)")
 
     def smoke_stage() -> Report:
@@ -205,6 +215,9 @@ def run_provision(
             stall_timeout_s=request.stall_timeout_s,
             gpus="none" if request.demo else "auto",
             log_path=request.smoke_log,
+            advice_args=tuple(launch["args"]),
+            advised=True,
+            env=dict(launch["env"]),
         )
         return run_smoke(smoke_request, progress=say)
 
@@ -212,9 +225,28 @@ def run_provision(
     return _finish(run)
 
 
+def _advise(
+    request: ProvisionRequest, recipe: Recipe, preflight: Report, model: Path | None, image: ImageFacts | None
+) -> Report:
+    """The advice for this node from its own preflight (the demo: its arch, no GPU asked), or --advice FILE."""
+    if request.advice is not None:
+        given = load_advice(request.advice)
+        report = Report(kind="advise", subject=str(request.advice), data={"advice": given})
+        sets = " ".join([f"{k}={v}" for k, v in given["env"].items()] + given["args"])
+        report.add(Check("advice", Status.PASS, f"from {request.advice}: {sets or 'nothing to set'}"))
+        return report
+    if request.demo:
+        node, facts = NodeFacts(cc=parse_arch(DEMO_ARCH).cc, source="the demo's arch (no GPU asked)"), {}
+    else:
+        facts = preflight.to_dict()
+        node = NodeFacts.from_preflight(facts, source="this node's preflight")
+    _advice, report, _base = advice_from(recipe, node, facts, model, image or ImageFacts(), port=request.port)
+    return report
+
+
 def _preflight_request(request: ProvisionRequest, recipe: str, model: Path | None) -> PreflightRequest:
     if request.demo:
-        return dataclasses.replace(request_for_recipe(recipe, arch=DEMO_ARCH, model=model, tp=1), gpus=False)
+        return dataclasses.replace(request_for_recipe(recipe, archs=[DEMO_ARCH], model=model, tp=1), gpus=False)
     return request_for_recipe(recipe, model=model)
 
 
@@ -227,7 +259,7 @@ def _node_archs(preflight: Report, demo: bool) -> tuple[list[Arch], list[str]]:
     for cc in sorted(set(node_ccs(preflight))):
         arch = arch_for_cc(cc)
         if arch is None:
-            unknown.append(f"{cc[0]}.{cc[1]}")
+            unknown.append(cc_text(cc))
         else:
             archs[arch.name] = arch
     return list(archs.values()), unknown

@@ -9,6 +9,7 @@ family (`f`) where the family runs one binary across several CCs.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -16,6 +17,11 @@ from packaging.version import Version
 from bwstack.errors import ArchError
 
 CC = tuple[int, int]
+
+
+def cc_text(cc: CC) -> str:
+    """A compute capability as NVIDIA writes it: (12, 0) -> "12.0"."""
+    return f"{cc[0]}.{cc[1]}"
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,7 @@ class Arch:
 
     @property
     def cc_str(self) -> str:
-        return f"{self.cc[0]}.{self.cc[1]}"
+        return cc_text(self.cc)
 
     @property
     def gencode(self) -> str:
@@ -128,3 +134,26 @@ def parse_arch(text: str) -> Arch:
 def arch_for_cc(cc: CC) -> Arch | None:
     """The table row for a compute capability, or None for a GPU the table does not know."""
     return _BY_CC.get(cc)
+
+
+def parse_arch_list(
+    values: str | Arch | Iterable[str | Arch] | None, recipe_archs: Iterable[str] | None = None
+) -> list[Arch]:
+    """`--arch` as every task takes it: any spelling `parse_arch` accepts, repeated and/or comma-separated,
+    and `all`: the recipe's archs where a recipe is involved (`recipe_archs`), else the whole table. Arch
+    rows pass through, so a request that already holds them can be parsed again.
+
+    Duplicates collapse and table order is kept, so `--arch 12.0,sm_120 --arch sm121` is [sm120, sm121].
+    Nothing given is an ArchError; callers for which "no arch" means "any" check before calling.
+    """
+    items = [values] if isinstance(values, str | Arch) else list(values or [])
+    parts = [p.strip() for i in items for p in ([i.name] if isinstance(i, Arch) else i.split(",")) if p.strip()]
+    if not parts:
+        raise ArchError(
+            "no --arch given (e.g. --arch sm120)",
+            remedy="repeat --arch or separate archs with commas; --arch all is every arch the recipe builds "
+            "(for verify: every arch bwstack knows)",
+        )
+    everything = [a.name for a in ARCHS] if recipe_archs is None else [parse_arch(n).name for n in recipe_archs]
+    wanted = {name for part in parts for name in (everything if part.lower() == "all" else [parse_arch(part).name])}
+    return [a for a in ARCHS if a.name in wanted]

@@ -15,6 +15,7 @@ import string
 import tomllib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from bwstack.errors import ArchError, RecipeError
-from bwstack.recipes.archs import Arch, parse_arch
+from bwstack.recipes.archs import Arch, parse_arch, parse_arch_list
 
 RECIPES_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 1
@@ -68,6 +69,7 @@ class SglKernelSpec:
 @dataclass(frozen=True)
 class SglangSpec:
     version: str
+    flashinfer: str = ""  # the flashinfer-python version this SGLang pins; `invoke pins` checks it
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,29 @@ class ServeSpec:
     command: list[str] = field(default_factory=list)
 
 
+# SGLang 0.5.23's --speculative-algorithm takes free text; its help names these (docs/bench.md).
+SPECULATIVE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO"})
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """Speculative decoding for the recipe's SGLang server; `invoke spec-check` measures whether it pays."""
+
+    algorithm: str
+    draft_model: str = ""  # a path or hub id; `spec-check --draft DIR` overrides it
+    num_steps: int = 3
+    eagle_topk: int = 1
+    num_draft_tokens: int = 4
+    enabled: bool = True  # false keeps the table (for spec-check and the advisor) but serves without a drafter
+
+    def sglang_args(self) -> list[str]:
+        args = ["--speculative-algorithm", self.algorithm]
+        if self.draft_model:
+            args += ["--speculative-draft-model-path", self.draft_model]
+        args += ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.eagle_topk)]
+        return [*args, "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+
+
 @dataclass(frozen=True)
 class Recipe:
     schema: int
@@ -108,6 +133,7 @@ class Recipe:
     sgl_kernel: SglKernelSpec | None = None
     sglang: SglangSpec | None = None
     demo: DemoSpec | None = None
+    speculative: SpeculativeSpec | None = None
     # Set by the loader, never by the TOML file.
     path: Path = field(default=Path(), compare=False, metadata={"derived": True})
     digest: str = field(default="", compare=False, metadata={"derived": True})  # sha256 of the parsed TOML
@@ -121,9 +147,14 @@ class Recipe:
     def supported_archs(self) -> list[Arch]:
         return [parse_arch(name) for name in self.archs]
 
-    def resolve_arch(self, text: str) -> Arch:
+    def resolve_archs(self, values: str | Iterable[str | Arch]) -> list[Arch]:
+        """`--arch` values (any spelling, repeats, commas; `all` = this recipe's archs), each checked by
+        resolve_arch."""
+        return [self.resolve_arch(arch) for arch in parse_arch_list(values, self.archs)]
+
+    def resolve_arch(self, text: str | Arch) -> Arch:
         """The table row for `text`, if this recipe builds for it; RecipeError/ArchError otherwise."""
-        arch = parse_arch(text)
+        arch = text if isinstance(text, Arch) else parse_arch(text)
         if not arch.supported_by(self.cuda_version):
             raise RecipeError(
                 f"{self.path}: {arch.name} ({arch.build_target}) needs CUDA >= {arch.min_cuda()}, "
@@ -137,8 +168,13 @@ class Recipe:
             )
         return arch
 
-    def serve_command(self, model_path: str, *, host: str, port: int) -> list[str]:
-        """The server command line for this recipe's engine and serving defaults."""
+    def serve_command(
+        self, model_path: str, *, host: str, port: int, speculative: SpeculativeSpec | bool | None = None
+    ) -> list[str]:
+        """The server command line for this recipe's engine and serving defaults.
+
+        `speculative`: None serves as the recipe says ([speculative] if it has one), False without a
+        drafter, a SpeculativeSpec with that one (spec-check's base and speculative runs)."""
         if self.serve.command:
             values = {"model": model_path, "host": host, "port": str(port)}
             return [part.format(**values) for part in self.serve.command]
@@ -146,12 +182,17 @@ class Recipe:
             raise RecipeError(f"{self.path}: serve.engine {self.serve.engine!r} has no command builder")
         command = ["python3", "-m", "sglang.launch_server", "--model-path", model_path]
         command += ["--tp", str(self.serve.tp), "--host", host, "--port", str(port)]
+        # Prometheus /metrics is off by default in SGLang; bench reads throughput and acceptance there.
+        command.append("--enable-metrics")
         if self.serve.trust_remote_code:
             command.append("--trust-remote-code")
         if self.serve.tool_call_parser:
             command += ["--tool-call-parser", self.serve.tool_call_parser]
         if self.serve.reasoning_parser:
             command += ["--reasoning-parser", self.serve.reasoning_parser]
+        spec = self.speculative if speculative is None or speculative is True else speculative or None
+        if spec is not None and (spec.enabled or speculative is not None):
+            command += spec.sglang_args()
         return command + list(self.serve.extra_args)
 
     def to_dict(self) -> dict[str, Any]:
@@ -244,8 +285,29 @@ def _check_semantics(recipe: Recipe, path: Path) -> None:
                 f"{path}: field serve.command[{index}]: unknown placeholder {{{sorted(unknown)[0]}}} "
                 f"(known: {', '.join('{' + n + '}' for n in sorted(SERVE_PLACEHOLDERS))})"
             )
+    _check_speculative(recipe.speculative, path)
     if recipe.sgl_kernel and (recipe.sgl_kernel.max_jobs < 1 or recipe.sgl_kernel.nvcc_threads < 1):
         raise RecipeError(f"{path}: field sgl_kernel: max_jobs and nvcc_threads must be >= 1")
+
+
+def _check_speculative(spec: SpeculativeSpec | None, path: Path) -> None:
+    if spec is None:
+        return
+    if spec.algorithm not in SPECULATIVE_ALGORITHMS:
+        raise RecipeError(
+            f"{path}: field speculative.algorithm: {spec.algorithm!r} is not one of "
+            f"{', '.join(sorted(SPECULATIVE_ALGORITHMS))}"
+        )
+    if spec.algorithm in ("EAGLE", "EAGLE3", "STANDALONE") and not spec.draft_model:
+        raise RecipeError(f"{path}: field speculative.draft_model: {spec.algorithm} needs a draft model")
+    for name in ("num_steps", "eagle_topk", "num_draft_tokens"):
+        if getattr(spec, name) < 1:
+            raise RecipeError(f"{path}: field speculative.{name}: must be >= 1, got {getattr(spec, name)}")
+    if spec.eagle_topk == 1 and spec.num_draft_tokens != spec.num_steps + 1:
+        raise RecipeError(
+            f"{path}: field speculative.num_draft_tokens: with eagle_topk 1 SGLang sets it to num_steps + 1 "
+            f"= {spec.num_steps + 1} whatever is asked, got {spec.num_draft_tokens}"
+        )
 
 
 def _build(cls: type, raw: Any, path: Path, prefix: str) -> Any:

@@ -19,90 +19,25 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import psutil
 
-from bwstack.smoke import phases as ph
-from bwstack.smoke.gpu import GpuSampler
-
-
-@dataclass(frozen=True)
-class Cause:
-    cause: str
-    tries: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cause": self.cause, "try": list(self.tries)}
-
-
-_NCCL_P2P = "--env NCCL_P2P_DISABLE=1 --env NCCL_CUMEM_ENABLE=0 (NCCL peer-to-peer over PCIe with IOMMU/ACS)"
-_NCCL_DEBUG = "--env NCCL_DEBUG=INFO to see which rank waits in which collective"
-_VERIFY = "invoke verify on the image for this GPU's arch (e.g. sm120): are its kernels in the binary the loader picks?"
-_BISECT_GRAPH = "--disable-cuda-graph in the server command, to bisect"
-_ATTENTION = "--attention-backend flashinfer (or triton): no FA3/FlashMLA kernels exist for sm_120"
-_DEEPGEMM = "--env SGLANG_ENABLE_JIT_DEEPGEMM=0 (DeepGEMM is off on sm_120 unless a recent sgl-deep-gemm is installed)"
-_PY_SPY = "read the py-spy dumps below: the call each rank waits in tells these causes apart"
-_SHM = "containers: host IPC (smoke's default) or --shm-size 32g; Docker's 64 MB /dev/shm breaks NCCL between ranks"
-
-LIKELY_CAUSES: MappingProxyType[str, tuple[Cause, ...]] = MappingProxyType(
-    {
-        ph.LAUNCHING: (
-            Cause("imports or argument parsing stuck before any rank started", (_PY_SPY,)),
-            Cause("kernels for this GPU missing from a compiled extension loaded at import", (_VERIFY,)),
-        ),
-        ph.DISTRIBUTED_INIT: (
-            Cause(
-                "NCCL rendezvous or first collective hangs over PCIe (idle GPUs, no error)", (_NCCL_P2P, _NCCL_DEBUG)
-            ),
-            Cause("/dev/shm too small for NCCL between ranks", (_SHM,)),
-        ),
-        ph.LOADING_WEIGHTS: (
-            Cause(
-                "a checkpoint read is slow or stuck (network file system, failing disk; threads in state D)",
-                ("check the model folder's storage and its read speed", _PY_SPY),
-            ),
-        ),
-        ph.SHARDS_LOADED: (
-            Cause(
-                "kernels missing for this GPU in the sgl_kernel build its loader picked (sm90/ vs sm100/), "
-                "hit by the first post-load weight processing",
-                (_VERIFY,),
-            ),
-            Cause(
-                "a NCCL collective after the load deadlocked over PCIe (idle GPUs, no error)", (_NCCL_P2P, _NCCL_DEBUG)
-            ),
-            Cause("a JIT kernel compile or DeepGEMM set-up for this arch", (_DEEPGEMM,)),
-            Cause("which one it is", (_PY_SPY,)),
-        ),
-        ph.WEIGHTS_LOADED: (
-            Cause("memory profiling / KV-cache sizing waits in a collective", (_NCCL_P2P, _NCCL_DEBUG, _SHM)),
-        ),
-        ph.MEMORY_POOL: (
-            Cause("attention backend set-up for this arch", (_ATTENTION,)),
-            Cause("triton attention exceeds sm_120's ~99 KB shared memory per block", (_ATTENTION,)),
-            Cause("CUDA graph capture starting", (_BISECT_GRAPH,)),
-        ),
-        ph.CUDA_GRAPH: (
-            Cause("CUDA graph capture stuck in a kernel or a collective", (_BISECT_GRAPH, _NCCL_P2P)),
-            Cause("attention kernels for this arch", (_ATTENTION,)),
-        ),
-        ph.HTTP_STARTUP: (
-            Cause("the warm-up forward pass is stuck or compiling (JIT) for this arch", (_VERIFY, _DEEPGEMM)),
-            Cause("CUDA graphs replayed for the first time", (_BISECT_GRAPH,)),
-        ),
-        ph.LISTENING: (
-            Cause(
-                "/health runs a 1-token generation in newer SGLang: a failing forward pass keeps it from 200",
-                ("curl /health_generate and read the log tail", _BISECT_GRAPH, _ATTENTION, _VERIFY),
-            ),
-        ),
-        ph.READY: (),
-    }
+from bwstack.recipes.crash_signatures import KNOWN_CRASHES
+from bwstack.recipes.serving_rules import rule_named
+from bwstack.smoke.causes import (
+    _ATTENTION,
+    _BISECT_GRAPH,
+    _NCCL_DEBUG,
+    _NCCL_P2P,
+    _PY_SPY,
+    _SHM,
+    LIKELY_CAUSES,
+    SLOW_START,
+    Cause,
+    pointed_at,
 )
-
-SLOW_START = Cause("a slow but working start (the log or the CPU kept moving)", ("raise --startup-timeout",))
+from bwstack.smoke.gpu import GpuSampler
 
 
 @dataclass(frozen=True)
@@ -111,9 +46,10 @@ class CrashSignature:
     pattern: re.Pattern[str]
     meaning: str
     remedy: str
+    avoided_by: str | None = None  # the `invoke advise` rule that avoids it (recipes/crash_signatures.py)
 
 
-CRASH_SIGNATURES: tuple[CrashSignature, ...] = (
+_GENERIC_SIGNATURES: tuple[CrashSignature, ...] = (
     CrashSignature(
         "no-kernel-image",
         re.compile(r"no kernel image is available for execution on the device"),
@@ -157,6 +93,18 @@ CRASH_SIGNATURES: tuple[CrashSignature, ...] = (
         "upgrade the driver (CUDA 13.x needs >= 580) or use an image built for an older CUDA",
     ),
 )
+# The sm_12x signatures each name the advisor rule that avoids them (the table lives in recipes/).
+_ADVISED_SIGNATURES = tuple(
+    CrashSignature(
+        known.name,
+        re.compile(known.pattern),
+        known.meaning,
+        f"`invoke advise` rule {known.avoided_by}: {rule.decides}" if (rule := rule_named(known.avoided_by)) else "",
+        known.avoided_by,
+    )
+    for known in KNOWN_CRASHES
+)
+CRASH_SIGNATURES: tuple[CrashSignature, ...] = (*_GENERIC_SIGNATURES, *_ADVISED_SIGNATURES)
 
 
 @dataclass(frozen=True)
@@ -170,6 +118,7 @@ class SignatureMatch:
             "line": self.line,
             "meaning": self.signature.meaning,
             "remedy": self.signature.remedy,
+            "avoided_by": self.signature.avoided_by,
         }
 
 
@@ -343,8 +292,11 @@ def process_summary(processes: Sequence[dict[str, Any]]) -> str:
     return text
 
 
-def causes_for(phase: str, *, busy: bool = False, failing_probe: str | None = None) -> list[Cause]:
-    """Likely causes of a stop in `phase`; a busy server may just be slow; a failing API probe is its own cause."""
+def causes_for(
+    phase: str, *, busy: bool = False, failing_probe: str | None = None, stacks: Sequence[str] = ()
+) -> list[Cause]:
+    """Likely causes of a stop in `phase`; a busy server may just be slow; a failing API probe is its own cause.
+    Causes whose py-spy frames appear in `stacks` (the dumps' text) come first."""
     if failing_probe in ("models", "completion"):
         return [
             Cause(
@@ -353,7 +305,17 @@ def causes_for(phase: str, *, busy: bool = False, failing_probe: str | None = No
             )
         ]
     causes = list(LIKELY_CAUSES.get(phase, ()))
+    pointed = [cause for cause, _frame in pointed_at(causes, list(stacks))]
+    causes = pointed + [c for c in causes if c not in pointed]
     return [SLOW_START, *causes] if busy else causes
+
+
+def evidence_notes(phase: str, stacks: Sequence[str]) -> list[str]:
+    """One note per likely cause that the py-spy dumps point at, quoting the frame."""
+    notes = []
+    for cause, frame in pointed_at(list(LIKELY_CAUSES.get(phase, ())), list(stacks)):
+        notes.append(f"py-spy points at: {cause.cause} (frame: {frame})")
+    return notes
 
 
 def crash_causes(log_path: str) -> list[Cause]:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -79,14 +80,47 @@ class Server(Protocol):
     def stop(self, grace_s: float) -> CleanupResult: ...
 
 
+def _not_a_log(path: Path, why: str) -> SmokeError:
+    return SmokeError(f"--log {path} {why}", remedy="pass --log a file path in a writable folder")
+
+
+def check_log_path(path: Path) -> None:
+    """Refuse, before anything starts, a server log smoke could not both write and follow: a directory, a
+    FIFO (its open() blocks until a reader comes, and no signal ends that wait), a device (/dev/full reads
+    as endless zeros: a busy loop), a kernel file (/proc, /sys: writes fail), an unwritable path. Only stat
+    is used on what exists; a regular file is then opened without blocking and written once (the run
+    truncates it anyway)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as error:  # ENOTDIR (a parent is a file), EACCES, ELOOP
+        raise _not_a_log(path, f"cannot be used: {error.strerror}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise _not_a_log(path, "is a directory")
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise _not_a_log(path, f"is {kind}, not a regular file")
+    _truncate(path)
+
+
 def _truncate(path: Path) -> None:
+    """Create or empty the log, never blocking (O_NONBLOCK) and never on anything but a regular file."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        descriptor = os.open(path, flags, 0o644)
     except OSError as error:
-        raise SmokeError(
-            f"cannot write the server log {path}: {error.strerror}", remedy="pick --log elsewhere"
-        ) from None
+        raise _not_a_log(path, f"cannot be written: {error.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise _not_a_log(path, "is not a regular file")
+        os.write(descriptor, b"\n")  # a kernel file (/proc/version) opens for root but refuses every write
+        os.ftruncate(descriptor, 0)
+    except OSError as error:
+        raise _not_a_log(path, f"cannot be written: {error.strerror}") from None
+    finally:
+        os.close(descriptor)
 
 
 class ProcessServer:

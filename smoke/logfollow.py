@@ -3,7 +3,9 @@
 A tqdm bar rewrites itself with '\\r'; several TP ranks write their bars into the same stream, so one
 physical line holds many updates from several processes. The splitter cuts at '\\n', '\\r\\n' and '\\r'
 alike and marks '\\r'-terminated pieces as transient (a bar update a terminal would overwrite). Lines
-carry the rank named in SGLang's `[YYYY-MM-DD HH:MM:SS TPn] ` prefix when there is one.
+carry the rank named in SGLang's `[YYYY-MM-DD HH:MM:SS TPn] ` prefix when there is one, and what ended
+them. An empty piece ended by '\\n' is kept as a blank line: it is a tqdm bar's closing newline that
+another rank's write separated from its bar (bars.py counts them).
 
 The server writes into a file (a process's stdout, or a container's stream copied by `StreamPump`);
 `FileFollower` reads what is new on each call and never blocks, so a silent server cannot stall us.
@@ -12,7 +14,9 @@ The server writes into a file (a process's stdout, or a container's stream copie
 from __future__ import annotations
 
 import codecs
+import os
 import re
+import stat
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -36,6 +40,11 @@ class LogLine:
     message: str  # the line without its `[timestamp TPn] ` prefix
     rank: int | None  # the TP rank from the prefix, None when the line has none
     transient: bool  # ended by '\r' (a progress-bar update), not '\n'
+    ending: str = "\n"  # what ended it: '\n', '\r', or '' (cut before a glued line, or the end of the stream)
+
+    @property
+    def blank(self) -> bool:
+        return not self.raw
 
 
 def parse_prefix(raw: str) -> tuple[str | None, int | None, str]:
@@ -72,7 +81,7 @@ class LineSplitter:
                 break  # maybe the first half of a '\r\n': decide when the next bytes come
             if char in "\r\n":
                 crlf = char == "\r" and buffer[index + 1] == "\n"
-                self._emit(buffer[start:index], char == "\r" and not crlf, lines)
+                self._emit(buffer[start:index], "\r" if char == "\r" and not crlf else "\n", lines)
                 index += 2 if crlf else 1
                 start = index
                 continue
@@ -85,22 +94,27 @@ class LineSplitter:
         lines: list[LogLine] = []
         tail = self._pending + self._decoder.decode(b"", final=True)
         self._pending = ""
-        self._emit(tail, False, lines)
+        self._emit(tail, "", lines)
         return lines
 
-    def _emit(self, piece: str, transient: bool, out: list[LogLine]) -> None:
+    def _emit(self, piece: str, ending: str, out: list[LogLine]) -> None:
         text = _ANSI.sub("", piece)
         # A rank's log line written right after another rank's '\r' bar update lands on the same physical
         # line: "...| 8/64 [00:03<00:21]" + "[2026-01-02 03:04:05 TP0] Load weight begin." Cut before the prefix.
         cuts = [m.start() for m in _EMBEDDED_PREFIX.finditer(text) if m.start() > 0]
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        if not text.strip():
+            if ending == "\n" and piece == text:  # a bare newline (an escape sequence alone is no newline of a bar)
+                out.append(LogLine(seq=self._seq, raw="", message="", rank=None, transient=False, ending="\n"))
+                self._seq += 1
+            return
         for index, part in enumerate(pieces):
             raw = part.rstrip()
             if not raw.strip():
                 continue
             _, rank, message = parse_prefix(raw)
-            last = index == len(pieces) - 1
-            out.append(LogLine(seq=self._seq, raw=raw, message=message, rank=rank, transient=transient or not last))
+            end = ending if index == len(pieces) - 1 else ""
+            out.append(LogLine(self._seq, raw, message, rank, transient=end != "\n", ending=end))
             self._seq += 1
 
 
@@ -113,6 +127,11 @@ class LogTail:
         self._limit = limit
 
     def add(self, line: LogLine) -> None:
+        if line.blank:  # a newline alone ends what a terminal shows on that line: the last bar update
+            if self._live:
+                self._lines.append(self._live[-1])
+                self._live.clear()
+            return
         if line.transient:
             self._live.append(line.raw)
         else:
@@ -139,12 +158,16 @@ class FileFollower:
 
     def read_new(self) -> list[LogLine]:
         """Every complete line appended since the last call (never blocks)."""
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read(self._chunk)
+        try:  # never block (a FIFO put in its place) and never read a device (/dev/full never ends)
+            descriptor = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return []
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return []
+            data = os.pread(descriptor, self._chunk, self._offset)
+        finally:
+            os.close(descriptor)
         if not data:
             return []
         self._offset += len(data)

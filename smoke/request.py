@@ -2,7 +2,8 @@
 
 `SmokeRequest.from_flags` takes the task's flags as strings and raises SmokeError (exit 2) for bad
 input. `resolve_command` builds the server command: `--command` as given (shlex-split, no shell), or
-the recipe's `serve_command(model_path, host=..., port=...)` with the recipe's port and engine.
+the recipe's `serve_command(model_path, host=..., port=...)` with the recipe's port and engine, extended by
+advice (`advice_args`, from `invoke advise`) when given; advice and `--command` do not mix.
 """
 
 from __future__ import annotations
@@ -50,10 +51,17 @@ class SmokeRequest:
     shm_size: str | None = None  # containers: None means host IPC
     grace_s: float = DEFAULT_GRACE_S
     poll_s: float = 0.25
+    advice_args: tuple[str, ...] = ()  # options `invoke advise` adds to the recipe's command
+    advised: bool = False  # advice was given (even advice that adds no option)
 
     def __post_init__(self) -> None:
         if not self.command and self.model is None:
             raise SmokeError("nothing to start: give --command CMD or --model DIR")
+        if self.command and (self.advised or self.advice_args):
+            raise SmokeError(
+                "advice extends the recipe's command, not --command",
+                remedy="drop --command, or put the advised flags into your command yourself",
+            )
         if self.command is not None and not self.command:
             raise SmokeError("--command is empty")
         if self.model is not None and not self.model.is_dir():
@@ -153,5 +161,6 @@ def resolve_command(request: SmokeRequest) -> ServerCommand:
 
     recipe = load_recipe(request.recipe)
     port = request.port if request.port is not None else recipe.serve.port
-    argv = recipe.serve_command(str(request.model), host=request.host, port=port)
-    return ServerCommand(tuple(argv), port, request.engine or recipe.serve.engine, f"recipe {request.recipe}")
+    argv = recipe.serve_command(str(request.model), host=request.host, port=port) + list(request.advice_args)
+    source = f"recipe {request.recipe}" + (" with advice" if request.advised else "")
+    return ServerCommand(tuple(argv), port, request.engine or recipe.serve.engine, source)

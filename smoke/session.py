@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,17 @@ from bwstack.smoke import diagnose as dx
 from bwstack.smoke.activity import ActivityMonitor
 from bwstack.smoke.cleanup import CleanupResult
 from bwstack.smoke.gpu import GpuSampler, open_gpu_sampler
+from bwstack.smoke.history import HistoryOptions, file_run, image_id, run_key
 from bwstack.smoke.interrupt import TerminationGuard
-from bwstack.smoke.launch import ContainerServer, LaunchSpec, ProcessServer, Server, docker_client, unique_name
+from bwstack.smoke.launch import (
+    ContainerServer,
+    LaunchSpec,
+    ProcessServer,
+    Server,
+    check_log_path,
+    docker_client,
+    unique_name,
+)
 from bwstack.smoke.logfollow import FileFollower
 from bwstack.smoke.phases import PhaseTracker, vocabulary
 from bwstack.smoke.probe import ReadinessProbe, port_open, resolve_host
@@ -29,6 +39,20 @@ from bwstack.smoke.request import ServerCommand, SmokeRequest, resolve_command
 from bwstack.smoke.watch import Outcome, Verdict, WatchConfig, Watcher
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReadyServer:
+    """A server smoke found ready, handed to `on_ready` while it still runs (bench measures it there)."""
+
+    host: str
+    port: int
+    log_path: Path
+    engine: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
 
 def _stamped(progress: Progress | None) -> Progress:
@@ -56,6 +80,8 @@ def _gpus(request: SmokeRequest, gpu: GpuSampler) -> str:
 
 def _log_tail_text(path: Path, limit: int = 1 << 20) -> list[str]:
     """The last `limit` bytes of the log as lines (a crash's traceback can sit above the last 50 lines)."""
+    if not path.is_file():  # a FIFO or a device put in its place must not block or spin the diagnosis
+        return []
     try:
         with path.open("rb") as handle:
             handle.seek(0, 2)
@@ -112,6 +138,20 @@ def _diagnose(
         if gpu_info["available"]
         else f"GPU unavailable ({gpu_info['reason']})"
     )
+    dumps = [d["text"] for d in py_spy["dumps"] if d["ok"]]
+    causes = dx.causes_for(
+        outcome.phase,
+        busy=outcome.verdict is Verdict.TIMEOUT,
+        failing_probe=probe.current if outcome.verdict in (Verdict.UNHEALTHY, Verdict.HANG) else None,
+        stacks=dumps,
+    )
+    notes += dx.evidence_notes(outcome.phase, dumps)
+    for number, cause in enumerate(causes, 1):
+        progress(f"  likely cause {number}: {cause.cause}; try: {' | '.join(cause.tries)}")
+        if cause.evidence:
+            progress(f"    evidence that tells it apart: {cause.evidence}")
+    for note in notes:
+        progress(f"  {note}")
     return dx.Diagnosis(
         summary=f"{dx.process_summary(processes)}; py-spy: {py_spy['note']}"
         + (f" (main threads in {stacks})" if stacks else "")
@@ -119,11 +159,7 @@ def _diagnose(
         processes=processes,
         py_spy=py_spy,
         gpu=gpu_info,
-        likely_causes=dx.causes_for(
-            outcome.phase,
-            busy=outcome.verdict is Verdict.TIMEOUT,
-            failing_probe=probe.current if outcome.verdict in (Verdict.UNHEALTHY, Verdict.HANG) else None,
-        ),
+        likely_causes=causes,
         signatures=signatures,
         notes=notes,
     )
@@ -152,6 +188,8 @@ def run_smoke(
     *,
     progress: Progress | None = None,
     gpu: GpuSampler | None = None,
+    on_ready: Callable[[ReadyServer], None] | None = None,
+    history: HistoryOptions | None = None,
 ) -> Report:
     """Start the server, follow it to a verdict, diagnose, stop everything, and report.
 
@@ -159,9 +197,14 @@ def run_smoke(
     a bad command, an unreachable engine, a missing model folder or recipe; a log folder it made for
     such a run is removed. A SIGTERM, SIGHUP or SIGINT during the run stops the server and then raises
     SmokeInterrupted (a KeyboardInterrupt carrying `signum`: the task exits 128 + signum).
+
+    `on_ready` is called with the server once it is ready, before it is stopped (an exception from it
+    still stops the server). With `history`, the run's phase timings are recorded and compared there.
     """
     say = _stamped(progress)
     command = resolve_command(request)
+    if request.log_path is not None:
+        check_log_path(request.log_path)  # a FIFO or /dev/full must fail now, not block or spin later
     vocab = vocabulary(command.engine)
     resolve_host(request.host, command.port)  # an unresolvable host is bad input, not a server that never listened
     if port_open(request.host, command.port):
@@ -212,6 +255,8 @@ def run_smoke(
                         )
                         outcome = watcher.run()
                         diagnosis = _diagnose(outcome, server, tracker, probe, sampler, say)
+                        if on_ready is not None and outcome.verdict is Verdict.READY:
+                            on_ready(ReadyServer(request.host, command.port, log_path, command.engine))
                 finally:
                     announced = guard.received
                     if announced is not None:
@@ -226,7 +271,7 @@ def run_smoke(
                     if announced is None and guard.received is not None:
                         say(f"received {signal.Signals(guard.received).name} during the clean-up: exiting")
             follower.read_all_new()
-            return build_report(
+            report = build_report(
                 request=request,
                 command=command,
                 server=server,
@@ -236,6 +281,18 @@ def run_smoke(
                 probe=probe,
                 log_tail=follower.tail(),
             )
+            if history is not None:
+                key = run_key(
+                    recipe=request.recipe,
+                    engine=command.engine,
+                    model=request.model,
+                    gpu_names=[g.name for g in sampler.read()] if sampler.available else [],
+                    image=image_id(client, request.image),
+                    command=command.argv if command.source == "--command" else (),
+                )
+                for found in file_run(history, key, report):
+                    say(f"regression: {found.finding}")
+            return report
         finally:
             probe.close()
             if client is not None:

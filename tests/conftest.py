@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -151,3 +152,8 @@ def module_images(docker_client: Any, run_id: str) -> Iterator[ImageTracker]:
     tracker = ImageTracker(docker_client, run_id)
     yield tracker
     tracker.clean()
+
+
+# No test may write the user's phase history: every smoke or bench run a test starts (in this process or
+# as a subprocess, which inherits the environment) records into a throw-away file instead.
+os.environ["BWSTACK_HISTORY"] = os.path.join(tempfile.mkdtemp(prefix="bwstack-test-history-"), "history.sqlite")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from bwstack.errors import FatbinError
-from bwstack.verify import elf, lz4
+from bwstack.verify import elf
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")  # cuobjdump's default preference
 CONTAINER_MAGIC = 0xBA55ED50
@@ -263,10 +263,21 @@ def decompress(source: elf.Source, entry: FatbinEntry) -> bytes:
     cap = min(entry.uncompressed_size, max(_MIN_CAP, _MAX_RATIO * entry.compressed_size))
     if entry.uncompressed_size > cap:
         raise FatbinError(f"{label}: claims {entry.uncompressed_size} bytes from {entry.compressed_size} compressed")
-    data = lz4.decompress_block(raw, cap, label=label) if entry.codec == "lz4" else _zstd(raw, cap, label)
+    data = _lz4(raw, cap, label) if entry.codec == "lz4" else _zstd(raw, cap, label)
     if len(data) != entry.uncompressed_size:
         raise FatbinError(f"{label}: decompressed to {len(data)} bytes, header says {entry.uncompressed_size}")
     return data
+
+
+def _lz4(raw: bytes, cap: int, label: str) -> bytes:
+    """One raw LZ4 block (no frame). `raw` must be exactly the compressed bytes: the C decoder rejects
+    trailing padding; `uncompressed_size` is its output buffer, so a block that decodes past `cap` fails."""
+    import lz4.block  # a C codec, imported here like zstandard
+
+    try:
+        return lz4.block.decompress(raw, uncompressed_size=cap)
+    except lz4.block.LZ4BlockError as error:
+        raise FatbinError(f"{label}: LZ4 payload is corrupt or decodes to more than {cap} bytes ({error})") from None
 
 
 def _zstd(raw: bytes, cap: int, label: str) -> bytes:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bwstack.errors import BwstackError
-from bwstack.recipes.archs import CC
+from bwstack.recipes.archs import CC, cc_text
 from bwstack.verify.compat import Runs, best_runs
 from bwstack.verify.fatbin import read_containers, read_entries
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{mark} {result.file}@{result.container_offset}: verify={result.verify_says} "
             f"driver={result.driver_code} ({', '.join(result.entries)})"
         )
-    print(f"CC {cc[0]}.{cc[1]}: {len(results) - len(disagreements)} of {len(results)} containers agree")
+    print(f"CC {cc_text(cc)}: {len(results) - len(disagreements)} of {len(results)} containers agree")
     if options.out:
         options.out.mkdir(parents=True, exist_ok=True)
         record = {"cc": list(cc), "results": [asdict(r) for r in results]}

@@ -36,7 +36,7 @@ import psutil
 
 from bwstack.errors import LoaderProbeError
 from bwstack.reaper import Lifeline
-from bwstack.recipes.archs import CC
+from bwstack.recipes.archs import CC, cc_text
 
 RESULT_MARKER = "BWSTACK-PROBE-RESULT "
 PROBE_TOKEN = "BWSTACK_PROBE_TOKEN"  # marks every process a probe starts, even one that leaves the session
@@ -255,7 +255,7 @@ class RunningProbe:
         )
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "BWSTACK_PROBE_CC": f"{cc[0]}.{cc[1]}" if cc else "none",
+            "BWSTACK_PROBE_CC": cc_text(cc) if cc else "none",
             PROBE_TOKEN: self.token,
         }
         # -B: never write __pycache__ into the folder being verified (-I ignores PYTHONDONTWRITEBYTECODE).
@@ -344,7 +344,7 @@ def _kill_group(child: subprocess.Popen[str]) -> None:
 
 
 def _cc_text(cc: CC | None) -> str:
-    return f"{cc[0]}.{cc[1]}" if cc else "none (no GPU)"
+    return cc_text(cc) if cc else "none (no GPU)"
 
 
 def _relative(path: str | None, root: Path) -> str | None:

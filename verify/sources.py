@@ -202,8 +202,11 @@ def open_wheel(wheel: Path, limits: Limits | None = None) -> Iterator[Tree]:
 
 
 @contextmanager
-def open_image(ref: str, *, import_name: str, client: object | None = None) -> Iterator[Tree]:
-    """Export an image's filesystem (without running it) and take the package and site-packages .so files."""
+def open_image(
+    ref: str, *, import_name: str, client: object | None = None, also: tuple[str, ...] = ()
+) -> Iterator[Tree]:
+    """Export an image's filesystem (without running it) and take the package and site-packages .so files,
+    plus any file whose path ends with one of `also` (advise reads the image's ptxas binaries)."""
     import docker.errors
 
     client = connect(client)
@@ -227,21 +230,23 @@ def open_image(ref: str, *, import_name: str, client: object | None = None) -> I
     try:
         with tempfile.TemporaryDirectory(prefix="bwstack-image-") as scratch:
             root = Path(scratch)
-            refused = _extract_wanted(container.export(chunk_size=_CHUNK), root, import_name)
+            refused = _extract_wanted(container.export(chunk_size=_CHUNK), root, import_name, also)
             yield Tree(f"image {ref}", root.resolve(), _scan_binaries(root), refused)
     finally:
         container.remove(force=True)
         lifeline.close()
 
 
-def _wanted(name: PurePosixPath, import_name: str) -> bool:
+def _wanted(name: PurePosixPath, import_name: str, also: tuple[str, ...] = ()) -> bool:
     parts = name.parts
     if import_name in parts[:-1]:
         return True  # the package's own files: loader, __init__, binaries
+    if also and name.as_posix().endswith(also):
+        return True
     return is_shared_object(name.name) and any(p in ("site-packages", "dist-packages") for p in parts)
 
 
-def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str) -> list[str]:
+def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str, also: tuple[str, ...] = ()) -> list[str]:
     refused: list[str] = []
     with tarfile.open(fileobj=io.BufferedReader(_ChunkStream(chunks), _CHUNK), mode="r|") as stream:
         for member in stream:
@@ -249,7 +254,7 @@ def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str) -> li
             if name is None:
                 refused.append(f"{member.name} (absolute or '..' path)")
                 continue
-            if not _wanted(name, import_name):
+            if not _wanted(name, import_name, also):
                 continue
             if not member.isreg():
                 if member.issym() or member.islnk():

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bwstack.errors import FatbinError, SourceError
-from bwstack.recipes.archs import ARCHS, Arch, parse_arch
+from bwstack.recipes.archs import Arch, parse_arch_list
 from bwstack.report import Check, Report, Status
 from bwstack.verify import sources
 from bwstack.verify.compat import Runs, best_runs
@@ -48,17 +48,8 @@ class Binary:
 
 
 def parse_archs(texts: Iterable[str]) -> list[Arch]:
-    """`--arch` values: names in any spelling, or `all`; duplicates collapse, table order is kept."""
-    wanted: set[str] = set()
-    for text in texts:
-        for part in text.split(","):
-            if part.strip().lower() == "all":
-                wanted.update(a.name for a in ARCHS)
-            elif part.strip():
-                wanted.add(parse_arch(part).name)
-    if not wanted:
-        raise SourceError("no --arch given", remedy="pass --arch sm120 (repeatable) or --arch all")
-    return [a for a in ARCHS if a.name in wanted]
+    """`--arch` values for verify, where `all` is the whole table (the one parser: parse_arch_list)."""
+    return parse_arch_list(texts)
 
 
 def open_source(

@@ -1,6 +1,6 @@
 """Node preflight: is this node (driver, GPUs, interconnect, host) and this model folder ready to serve?
 
-request = request_for_recipe("sglang", arch="sm120", model="/models/Kimi-K2.5")
+request = request_for_recipe("sglang", archs=["sm120"], model="/models/Kimi-K2.5")
 report = run_preflight(request)          # a Report; report.data["gpus"][i]["cc"] == (12, 0)
 """
 

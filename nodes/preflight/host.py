@@ -187,48 +187,104 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+@dataclass(frozen=True)
+class Grade:
+    """One outcome of a size check: below the HostThresholds field `below` (None: the size could not be
+    read) the check gets `status`. `finding` is a format string over the names `_size_words` gives."""
+
+    below: str | None
+    status: Status
+    finding: str
+    remedy: str | None = None
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """A host resource graded against limits: the first grade that applies wins, else the check passes."""
+
+    name: str
+    size: str  # the HostFacts field measured
+    grades: tuple[Grade, ...]  # strictest first
+    passing: str
+    evidence: Callable[[HostFacts], dict[str, Any]]
+
+
+_SHM_REMEDY = "give containers --ipc=host or --shm-size 32g; on the host, remount /dev/shm larger"
+
+SIZE_RULES = {
+    "shm": SizeRule(
+        "host.shm",
+        "shm_bytes",
+        (
+            Grade(None, Status.FAIL, "/dev/shm is missing", _SHM_REMEDY),
+            Grade("shm_fail", Status.FAIL, "/dev/shm is {size_mib}: NCCL between TP ranks breaks", _SHM_REMEDY),
+            Grade("shm_warn", Status.WARN, "/dev/shm is {size} (< {limit})", _SHM_REMEDY),
+        ),
+        "/dev/shm is {size}",
+        lambda facts: {"path": "/dev/shm", "bytes": facts.shm_bytes},
+    ),
+    "disk": SizeRule(
+        "host.disk",
+        "disk_free",
+        (
+            Grade(None, Status.WARN, "cannot read free space at {path}"),
+            Grade(
+                "disk_warn",
+                Status.WARN,
+                "{size} free at {path} (< {limit} for JIT caches and logs)",
+                "free space on that file system or point the model and caches elsewhere",
+            ),
+        ),
+        "{size} free at {path}",
+        lambda facts: {"path": str(facts.disk_path), "free_bytes": facts.disk_free},
+    ),
+    "ram": SizeRule(
+        "host.ram",
+        "ram_total",
+        (
+            Grade(
+                "ram_warn",
+                Status.WARN,
+                "{size} RAM, {available} available (< {limit}: loading shards through the page cache will be slow)",
+            ),
+        ),
+        "{size} RAM, {available} available",
+        lambda facts: {"total_bytes": facts.ram_total, "available_bytes": facts.ram_available},
+    ),
+}
+
+
+def _size_words(facts: HostFacts, size: int | None, limit: int | None) -> dict[str, str]:
+    return {
+        "size": _gib(size) if size is not None else "?",
+        "size_mib": f"{size / MiB:.0f} MiB" if size is not None else "?",
+        "limit": _gib(limit) if limit is not None else "?",
+        "path": str(facts.disk_path),
+        "available": _gib(facts.ram_available),
+    }
+
+
+def check_size(rule: SizeRule, facts: HostFacts, limits: HostThresholds) -> Check:
+    size: int | None = getattr(facts, rule.size)
+    for grade in rule.grades:
+        limit: int | None = getattr(limits, grade.below) if grade.below else None
+        applies = size is None if grade.below is None else size is not None and size < (limit or 0)
+        if applies:
+            words = _size_words(facts, size, limit)
+            return Check(rule.name, grade.status, grade.finding.format(**words), rule.evidence(facts), grade.remedy)
+    return Check(rule.name, Status.PASS, rule.passing.format(**_size_words(facts, size, None)), rule.evidence(facts))
+
+
 def check_shm(facts: HostFacts, limits: HostThresholds) -> Check:
-    evidence = {"path": "/dev/shm", "bytes": facts.shm_bytes}
-    remedy = "give containers --ipc=host or --shm-size 32g; on the host, remount /dev/shm larger"
-    if facts.shm_bytes is None:
-        return Check("host.shm", Status.FAIL, "/dev/shm is missing", evidence, remedy)
-    size = facts.shm_bytes
-    if size < limits.shm_fail:
-        return Check(
-            "host.shm", Status.FAIL, f"/dev/shm is {size / MiB:.0f} MiB: NCCL between TP ranks breaks", evidence, remedy
-        )
-    if size < limits.shm_warn:
-        return Check("host.shm", Status.WARN, f"/dev/shm is {_gib(size)} (< {_gib(limits.shm_warn)})", evidence, remedy)
-    return Check("host.shm", Status.PASS, f"/dev/shm is {_gib(size)}", evidence)
+    return check_size(SIZE_RULES["shm"], facts, limits)
 
 
 def check_disk(facts: HostFacts, limits: HostThresholds) -> Check:
-    evidence = {"path": str(facts.disk_path), "free_bytes": facts.disk_free}
-    if facts.disk_free is None:
-        return Check("host.disk", Status.WARN, f"cannot read free space at {facts.disk_path}", evidence)
-    finding = f"{_gib(facts.disk_free)} free at {facts.disk_path}"
-    if facts.disk_free < limits.disk_warn:
-        return Check(
-            "host.disk",
-            Status.WARN,
-            finding + f" (< {_gib(limits.disk_warn)} for JIT caches and logs)",
-            evidence,
-            remedy="free space on that file system or point the model and caches elsewhere",
-        )
-    return Check("host.disk", Status.PASS, finding, evidence)
+    return check_size(SIZE_RULES["disk"], facts, limits)
 
 
 def check_ram(facts: HostFacts, limits: HostThresholds) -> Check:
-    evidence = {"total_bytes": facts.ram_total, "available_bytes": facts.ram_available}
-    finding = f"{_gib(facts.ram_total)} RAM, {_gib(facts.ram_available)} available"
-    if facts.ram_total < limits.ram_warn:
-        return Check(
-            "host.ram",
-            Status.WARN,
-            finding + f" (< {_gib(limits.ram_warn)}: loading shards through the page cache will be slow)",
-            evidence,
-        )
-    return Check("host.ram", Status.PASS, finding, evidence)
+    return check_size(SIZE_RULES["ram"], facts, limits)
 
 
 def check_iommu(facts: HostFacts) -> Check:
@@ -245,36 +301,31 @@ def check_iommu(facts: HostFacts) -> Check:
     return Check("host.iommu", Status.PASS, "IOMMU disabled (no IOMMU units or groups)", evidence)
 
 
+# Why no engine answered, by what is at the socket path the Docker SDK dials: (finding, remedy).
+_NO_ENGINE = {
+    "missing": (
+        "no Docker engine: {socket} does not exist (a node with containerd alone has none); "
+        "provision verifies and smoke-tests the image through Docker",
+        "install Docker Engine and the NVIDIA Container Toolkit on the node; to keep `invoke fleet`'s "
+        "DaemonSet off a node without Docker: kubectl label node <node> bwstack/no-docker=true",
+    ),
+    "not a socket": (
+        "no Docker engine: {socket} is not a socket (a directory a container mount left behind?)",
+        "remove {socket} once nothing mounts it, then start dockerd (systemctl start docker)",
+    ),
+}
+_UNREACHABLE = ("Docker engine not reachable ({error})", "start dockerd (systemctl start docker) or set DOCKER_HOST")
+
+
 def check_docker(facts: HostFacts, *, need_gpus: bool = True) -> Check:
     runtimes = sorted((facts.docker or {}).get("Runtimes") or {})
     specs = [str(p) for p in facts.cdi_specs]
     evidence: dict[str, Any] = {"runtimes": runtimes, "cdi_specs": specs, "error": facts.docker_error}
-    if facts.docker is None and facts.docker_socket_state == "missing":
-        return Check(
-            "host.docker",
-            Status.FAIL,
-            f"no Docker engine: {facts.docker_socket} does not exist (a node with containerd alone has none); "
-            "provision verifies and smoke-tests the image through Docker",
-            evidence | {"socket": str(facts.docker_socket)},
-            remedy="install Docker Engine and the NVIDIA Container Toolkit on the node; to keep `invoke fleet`'s "
-            "DaemonSet off a node without Docker: kubectl label node <node> bwstack/no-docker=true",
-        )
-    if facts.docker is None and facts.docker_socket_state == "not a socket":
-        return Check(
-            "host.docker",
-            Status.FAIL,
-            f"no Docker engine: {facts.docker_socket} is not a socket (a directory a container mount left behind?)",
-            evidence | {"socket": str(facts.docker_socket)},
-            remedy=f"remove {facts.docker_socket} once nothing mounts it, then start dockerd (systemctl start docker)",
-        )
     if facts.docker is None:
-        return Check(
-            "host.docker",
-            Status.FAIL,
-            f"Docker engine not reachable ({facts.docker_error})",
-            evidence,
-            remedy="start dockerd (systemctl start docker) or set DOCKER_HOST",
-        )
+        finding, remedy = _NO_ENGINE.get(facts.docker_socket_state or "", _UNREACHABLE)
+        socket = {"socket": str(facts.docker_socket)} if facts.docker_socket_state in _NO_ENGINE else {}
+        words = {"socket": facts.docker_socket, "error": facts.docker_error}
+        return Check("host.docker", Status.FAIL, finding.format(**words), evidence | socket, remedy.format(**words))
     evidence |= {
         "server_version": facts.docker.get("ServerVersion"),
         "default_runtime": facts.docker.get("DefaultRuntime"),

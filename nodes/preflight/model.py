@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bwstack.errors import PreflightError
+from bwstack.inputs import check_model_folder
 from bwstack.nodes.preflight.safetensors_header import (
     ShardError,
     ShardHeader,
@@ -288,8 +289,7 @@ def check_model(
     model_dir: Path, *, tp: int = 1, gpu_memory_bytes: int | None = None, kv_headroom: float = DEFAULT_KV_HEADROOM
 ) -> tuple[list[Check], ModelSummary]:
     """Check a checkpoint folder by its headers. `gpu_memory_bytes` is the smallest GPU's memory (None: unknown)."""
-    if not model_dir.is_dir():
-        raise PreflightError(f"model folder {model_dir} does not exist or is not a folder", remedy="pass --model DIR")
+    check_model_folder(model_dir, error=PreflightError)
     if not 0 <= kv_headroom < 1:
         raise PreflightError(f"KV-cache headroom {kv_headroom} must be a fraction in [0, 1)")
     summary = ModelSummary(path=model_dir, tp=tp, kv_headroom=kv_headroom, gpu_memory_bytes=gpu_memory_bytes)
@@ -301,60 +301,66 @@ def check_model(
     shard_names = sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_FILE]
     summary.shards = shard_names
     missing = [name for name in shard_names if not (model_dir / name).is_file()]
-    on_disk = {p.name for p in model_dir.glob("*.safetensors")}
-    stray = sorted(on_disk - set(shard_names))
-    index_evidence = {"index": INDEX_FILE if weight_map is not None else None, "shards": len(shard_names)}
-    if missing:
-        checks.append(
-            Check(
-                "model.index",
-                Status.FAIL,
-                f"{len(missing)} of {len(shard_names)} shards the index names are missing: {_names(missing)}",
-                index_evidence | {"missing": missing},
-                remedy="re-download the missing files (huggingface-cli download resumes)",
-            )
-        )
-    elif stray:
-        checks.append(
-            Check(
-                "model.index",
-                Status.WARN,
-                f"{len(stray)} .safetensors file(s) the index does not name (loaders ignore them): {_names(stray)}",
-                index_evidence | {"unindexed_files": stray},
-            )
-        )
-    else:
-        checks.append(Check("model.index", Status.PASS, f"all {len(shard_names)} shard(s) present", index_evidence))
+    checks.append(_check_shard_files(model_dir, shard_names, missing, indexed=weight_map is not None))
+    headers, bad = _read_headers(model_dir, [name for name in shard_names if name not in missing])
+    if bad or headers:
+        checks.append(_check_headers(headers, bad))
+    complete = not (missing or bad)
+    checks.append(_check_tensors(weight_map, headers, index_meta, summary, complete=complete))
+    checks.append(_check_fit(summary, complete=complete))
+    return checks, summary
 
+
+def _check_shard_files(model_dir: Path, shard_names: list[str], missing: list[str], *, indexed: bool) -> Check:
+    """Every shard the index names is there; a .safetensors file it does not name is only a warning."""
+    stray = sorted({p.name for p in model_dir.glob("*.safetensors")} - set(shard_names))
+    evidence = {"index": INDEX_FILE if indexed else None, "shards": len(shard_names)}
+    if missing:
+        return Check(
+            "model.index",
+            Status.FAIL,
+            f"{len(missing)} of {len(shard_names)} shards the index names are missing: {_names(missing)}",
+            evidence | {"missing": missing},
+            remedy="re-download the missing files (huggingface-cli download resumes)",
+        )
+    if stray:
+        return Check(
+            "model.index",
+            Status.WARN,
+            f"{len(stray)} .safetensors file(s) the index does not name (loaders ignore them): {_names(stray)}",
+            evidence | {"unindexed_files": stray},
+        )
+    return Check("model.index", Status.PASS, f"all {len(shard_names)} shard(s) present", evidence)
+
+
+def _read_headers(model_dir: Path, names: list[str]) -> tuple[dict[str, ShardHeader], dict[str, str]]:
+    """Each shard's header, and why each unreadable one could not be read."""
     headers: dict[str, ShardHeader] = {}
     bad: dict[str, str] = {}
-    for name in shard_names:
-        if name in missing:
-            continue
+    for name in names:
         try:
             headers[name] = read_header(model_dir / name)
         except ShardError as error:
             bad[name] = error.problem
-    readable = f"{len(headers)} shard header(s) read"
-    if bad:
-        detail = "; ".join(f"{name}: {problem}" for name, problem in list(bad.items())[:_SHOWN])
-        checks.append(
-            Check(
-                "model.shards",
-                Status.FAIL,
-                f"{len(bad)} shard(s) unreadable or wrong size: {detail}",
-                {"bad": bad, "read": len(headers)},
-                remedy="re-download the named files; a size mismatch is usually an interrupted copy",
-            )
-        )
-    elif headers:
-        checks.append(
-            Check("model.shards", Status.PASS, readable + ", sizes match their headers", {"read": len(headers)})
-        )
+    return headers, bad
 
-    checks.append(_check_tensors(weight_map, headers, index_meta, summary, complete=not (missing or bad)))
-    checks.append(_check_fit(summary, complete=not (missing or bad)))
-    return checks, summary
+
+def _check_headers(headers: dict[str, ShardHeader], bad: dict[str, str]) -> Check:
+    if not bad:
+        return Check(
+            "model.shards",
+            Status.PASS,
+            f"{len(headers)} shard header(s) read, sizes match their headers",
+            {"read": len(headers)},
+        )
+    detail = "; ".join(f"{name}: {problem}" for name, problem in list(bad.items())[:_SHOWN])
+    return Check(
+        "model.shards",
+        Status.FAIL,
+        f"{len(bad)} shard(s) unreadable or wrong size: {detail}",
+        {"bad": bad, "read": len(headers)},
+        remedy="re-download the named files; a size mismatch is usually an interrupted copy",
+    )
 
 
 def _check_tensors(

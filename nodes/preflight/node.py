@@ -8,6 +8,7 @@ reads the same as the labels a Kubernetes cluster puts on it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from packaging.version import Version
 
 from bwstack.nodes.preflight.driver import Support, judge_driver
 from bwstack.nodes.preflight.nvml import GpuFacts, NodeFacts
-from bwstack.recipes.archs import CC, Arch, arch_for_cc
+from bwstack.recipes.archs import CC, Arch, arch_for_cc, cc_text
 from bwstack.report import Check, Status
 from bwstack.verify import compat
 from bwstack.verify.fatbin import FatbinEntry
@@ -154,7 +155,7 @@ def check_arch(facts: NodeFacts, want: NodeRequirements) -> Check:
     misfits = [g for g in facts.gpus if not any(runs_on(a, g.cc) for a in want.archs)]
     if misfits:
         unknown = [g for g in misfits if arch_for_cc(g.cc) is None]
-        names = ", ".join(f"GPU {g.index} {g.name} (CC {g.cc[0]}.{g.cc[1]})" for g in misfits)
+        names = ", ".join(f"GPU {g.index} {g.name} (CC {cc_text(g.cc)})" for g in misfits)
         why = f"{names}: not covered by {' / '.join(a.build_target for a in want.archs)}"
         if unknown:
             why += "; bwstack's arch table has no row for that CC"
@@ -182,7 +183,7 @@ def check_arch(facts: NodeFacts, want: NodeRequirements) -> Check:
 
 
 def _describe(kinds: Counter[tuple[str, CC]]) -> str:
-    return ", ".join(f"{n}x {name} (CC {cc[0]}.{cc[1]})" for (name, cc), n in kinds.items())
+    return ", ".join(f"{n}x {name} (CC {cc_text(cc)})" for (name, cc), n in kinds.items())
 
 
 def interconnect_kind(facts: NodeFacts) -> str | None:
@@ -260,28 +261,31 @@ def check_ecc(facts: NodeFacts) -> Check:
     return Check("gpu.ecc", Status.PASS, "no uncorrected ECC errors since the driver loaded", evidence)
 
 
+# Memory-repair states NVML reports per GPU, each a problem when any GPU is in it; the first is the gravest.
+_REPAIR_PROBLEMS: tuple[tuple[Callable[[GpuFacts], bool], str], ...] = (
+    (
+        lambda g: bool(g.remapped_rows and g.remapped_rows.failed),
+        "row remapping failed on GPU {gpus} (the GPU needs service)",
+    ),
+    (lambda g: bool(g.remapped_rows and g.remapped_rows.pending), "row remaps pending on GPU {gpus}"),
+    (lambda g: bool(g.retired_pages_pending), "page retirement pending on GPU {gpus}"),
+)
+_REPAIR_REMEDY = "reset the GPU (nvidia-smi -r) or reboot to apply pending remaps/retirements"
+
+
 def check_memory_repair(facts: NodeFacts) -> Check:
-    pending = [g.index for g in facts.gpus if g.remapped_rows and g.remapped_rows.pending]
-    failed = [g.index for g in facts.gpus if g.remapped_rows and g.remapped_rows.failed]
-    retired = [g.index for g in facts.gpus if g.retired_pages_pending]
     evidence = {
         "remapped_rows": {g.index: vars(g.remapped_rows) if g.remapped_rows else None for g in facts.gpus},
         "retired_pages": {g.index: g.retired_pages for g in facts.gpus},
         "retired_pages_pending": {g.index: g.retired_pages_pending for g in facts.gpus},
     }
-    problems = []
-    if failed:
-        problems.append(f"row remapping failed on GPU {_list(failed)} (the GPU needs service)")
-    if pending:
-        problems.append(f"row remaps pending on GPU {_list(pending)}")
-    if retired:
-        problems.append(f"page retirement pending on GPU {_list(retired)}")
-    if problems:
-        remedy = "reset the GPU (nvidia-smi -r) or reboot to apply pending remaps/retirements"
-        if failed:
-            remedy = "take the GPU out of service (RMA); " + remedy
-        return Check("gpu.memory-repair", Status.FAIL, "; ".join(problems), evidence, remedy)
-    return Check("gpu.memory-repair", Status.PASS, "no pending row remaps or page retirements", evidence)
+    found = [(text, [g.index for g in facts.gpus if state(g)]) for state, text in _REPAIR_PROBLEMS]
+    problems = [text.format(gpus=_list(gpus)) for text, gpus in found if gpus]
+    if not problems:
+        return Check("gpu.memory-repair", Status.PASS, "no pending row remaps or page retirements", evidence)
+    failed = bool(found[0][1])
+    remedy = ("take the GPU out of service (RMA); " if failed else "") + _REPAIR_REMEDY
+    return Check("gpu.memory-repair", Status.FAIL, "; ".join(problems), evidence, remedy)
 
 
 def check_clocks(facts: NodeFacts) -> Check:

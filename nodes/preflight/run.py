@@ -8,6 +8,7 @@ check, a truncated shard a failed `model.shards` check. It raises BwstackError o
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pynvml
 from packaging.version import Version
 
 from bwstack.errors import PreflightError
+from bwstack.inputs import check_model_folder
 from bwstack.nodes.preflight.host import (
     DockerInfo,
     HostPaths,
@@ -27,7 +29,7 @@ from bwstack.nodes.preflight.host import (
 from bwstack.nodes.preflight.model import DEFAULT_KV_HEADROOM, check_model
 from bwstack.nodes.preflight.node import NodeRequirements, gfd_labels, gpu_summary, interconnect_kind, node_checks
 from bwstack.nodes.preflight.nvml import Nvml, NvmlUnavailable, read_node
-from bwstack.recipes.archs import CC, Arch, parse_arch
+from bwstack.recipes.archs import CC, Arch, parse_arch_list
 from bwstack.report import Check, Report, Status
 
 
@@ -64,7 +66,7 @@ class PreflightRequest:
 def request_for_recipe(
     recipe: str | None,
     *,
-    arch: str | None = None,
+    archs: Sequence[str | Arch] = (),
     tp: int | None = None,
     model: str | Path | None = None,
     docker: bool = True,
@@ -76,15 +78,15 @@ def request_for_recipe(
 
         loaded = load_recipe(recipe)
         cuda: Version | None = loaded.cuda_version
-        archs = (loaded.resolve_arch(arch),) if arch else tuple(loaded.supported_archs)
+        targets = tuple(loaded.resolve_archs(archs)) if archs else tuple(loaded.supported_archs)
         tp = tp or loaded.serve.tp
     else:
         cuda = None
-        archs = (parse_arch(arch),) if arch else ()
+        targets = tuple(parse_arch_list(archs)) if archs else ()
     return PreflightRequest(
         recipe=recipe or None,
         cuda=cuda,
-        archs=archs,
+        archs=targets,
         tp=tp or 1,
         model=Path(model) if model else None,
         docker=docker,
@@ -106,10 +108,8 @@ def run_preflight(
     thresholds: HostThresholds | None = None,
 ) -> Report:
     """Check this node (and the model folder, if the request names one) against the request."""
-    if request.model is not None and not request.model.is_dir():
-        raise PreflightError(
-            f"model folder {request.model} does not exist or is not a folder", remedy="pass --model DIR"
-        )
+    if request.model is not None:
+        check_model_folder(request.model, error=PreflightError)
     want = NodeRequirements(cuda=request.cuda, archs=request.archs, tp=request.tp)
     subject = socket.gethostname() + (f" for recipe {request.recipe}" if request.recipe else "")
     report = Report(kind="preflight", subject=subject)

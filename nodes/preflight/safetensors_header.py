@@ -150,6 +150,24 @@ def _entry(path: Path, name: str, raw: Any) -> TensorEntry:
 
 def read_header(path: Path) -> ShardHeader:
     """Parse and validate one file's header; ShardError names the file and what is wrong."""
+    length, raw, size = _raw_header(path)
+    header = _parse(path, raw)
+    metadata = _metadata(path, header.pop("__metadata__", None))
+    tensors = {name: _entry(path, name, raw_entry) for name, raw_entry in header.items()}
+    _check_contiguous(path, tensors)
+    shard = ShardHeader(path, length, tensors, metadata, size)
+    expected = 8 + length + shard.data_bytes
+    if size < expected:
+        raise ShardError(path, f"truncated: {size} bytes, the header describes {expected} ({expected - size} missing)")
+    if size > expected:
+        raise ShardError(
+            path, f"{size - expected} bytes after the last tensor (file {size}, header describes {expected})"
+        )
+    return shard
+
+
+def _raw_header(path: Path) -> tuple[int, bytes, int]:
+    """The header's length, its bytes and the file's size; the length is checked before anything is read."""
     try:
         with path.open("rb") as handle:
             size = path.stat().st_size
@@ -163,11 +181,14 @@ def read_header(path: Path) -> ShardHeader:
                 )
             if 8 + length > size:
                 raise ShardError(path, f"truncated: header length {length} runs past the end of a {size}-byte file")
-            raw = handle.read(length)
+            return length, handle.read(length), size
     except FileNotFoundError:
         raise ShardError(path, "missing") from None
     except OSError as error:
         raise ShardError(path, f"cannot read: {error.strerror or error}") from None
+
+
+def _parse(path: Path, raw: bytes) -> dict[str, Any]:
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -178,15 +199,23 @@ def read_header(path: Path) -> ShardHeader:
         raise ShardError(path, "header is not valid JSON (nested deeper than the JSON parser allows)") from None
     if not isinstance(header, dict):
         raise ShardError(path, f"header is {json_kind(header)}, not a JSON object")
-    metadata = header.pop("__metadata__", None)
+    return header
+
+
+def _metadata(path: Path, metadata: Any) -> dict[str, str]:
+    """`__metadata__`: absent, or an object of strings."""
     if metadata is None:
-        metadata = {}
+        return {}
     if not isinstance(metadata, dict):
         raise ShardError(path, f"__metadata__ is {json_kind(metadata)}, not an object")
     for key, value in metadata.items():
         if not is_text(key) or not is_text(value):
             raise ShardError(path, f"__metadata__[{excerpt(key)}] is {json_kind(value)}, expected a string")
-    tensors = {name: _entry(path, name, raw_entry) for name, raw_entry in header.items()}
+    return dict(metadata)
+
+
+def _check_contiguous(path: Path, tensors: dict[str, TensorEntry]) -> None:
+    """Tensors tile the data area from offset 0: no hole, no overlap."""
     cursor = 0
     for name, entry in sorted(tensors.items(), key=lambda item: (item[1].begin, item[1].end)):
         if entry.begin != cursor:
@@ -195,12 +224,3 @@ def read_header(path: Path) -> ShardHeader:
             )
             raise ShardError(path, f"tensor {excerpt(name)} at offset {entry.begin} {gap}")
         cursor = entry.end
-    shard = ShardHeader(path, length, tensors, dict(metadata), size)
-    expected = 8 + length + shard.data_bytes
-    if size < expected:
-        raise ShardError(path, f"truncated: {size} bytes, the header describes {expected} ({expected - size} missing)")
-    if size > expected:
-        raise ShardError(
-            path, f"{size - expected} bytes after the last tensor (file {size}, header describes {expected})"
-        )
-    return shard

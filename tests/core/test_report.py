@@ -114,3 +114,23 @@ def test_an_unwritable_path_is_refused_up_front_and_a_writable_one_left_as_it_wa
     target.write_text("kept")
     check_writable(target)
     assert target.read_text() == "kept"
+
+
+def test_a_table_printed_to_a_pipe_keeps_every_path_and_finding_whole() -> None:
+    """Not a terminal (a CI log): no 80-column cut, no wrapped path; each row is one line."""
+    import os
+    import subprocess
+    import sys
+
+    path = "/opt/venv/lib/python3.12/site-packages/sgl_kernel/sm100/common_ops.abi3.so" * 2
+    program = (
+        "from bwstack.report import Check, Report, Status\n"
+        "r = Report(kind='verify', subject='image')\n"
+        f"r.add(Check('sm120 loader', Status.FAIL, 'loads {path}: no sm_120 code', remedy='rebuild {path}'))\n"
+        "r.print_table()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, env=env).stdout
+    assert any(f"loads {path}: no sm_120 code" in line for line in out.splitlines()), out
+    assert any(f"remedy: rebuild {path}" in line for line in out.splitlines()), out
+    assert max(len(line) for line in out.splitlines()) < 2 * len(path) + 100  # whole, not padded to the width

@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""An SGLang start-up emulator: the log sequence of FIELD-NOTES.md section 5, a real HTTP server, and the
+"""An SGLang start-up emulator: SGLang 0.5.23's start-up log (docs/smoke.md), a real HTTP server, and the
 ways a start goes wrong, chosen with --scenario. Ours, written for smoke's tests; no SGLang code in it.
 
-The main process prints `server_args=ServerArgs(...)` and starts one child process per TP rank (--ranks,
-default --tp, default 2). Each rank logs `[YYYY-MM-DD HH:MM:SS TPn] ...` lines and draws its own
-tqdm-style checkpoint bar with carriage returns, unprefixed, interleaved with the other ranks, exactly
-as several schedulers writing into one stderr do. When every rank is done the main process opens the
-HTTP server (/health 503 until warm-up ends, /v1/models, /v1/completions) and prints uvicorn's lines.
+The main process prints `server_args={...}` and starts one child process per TP rank (--ranks, default
+--tp, default 2). Each rank logs `[YYYY-MM-DD HH:MM:SS TPn] ...` lines and draws a tqdm-style checkpoint
+bar with carriage returns, unprefixed: every rank, as the incident's SGLang did (--bars per-rank, the
+default), or rank 0 only, as 0.5.23 does (--bars rank0). Like tqdm, a bar's close redraws its last state
+and then writes its newline separately, and rank r starts r steps later, so other ranks' lines land
+glued to bar updates, exactly as several schedulers writing into one stderr do. When every rank is done
+the main process opens the HTTP server (/health 503 until warm-up ends, /v1/models, /v1/completions)
+and prints uvicorn's lines.
 
 Scenarios:
   healthy                the whole sequence, then ready
   incident               bars reach N/N on every rank, then silence: every process asleep, nothing listens
   crash-no-kernel-image  rank 0 dies in CUDA graph capture with "no kernel image is available", exit 1
+  capture-hang           every rank falls asleep after `Capture target decode CUDA graph begin`
+  draft-capture-hang     speculative decoding (as --speculative): the draft model loads, the target's verify
+                         graph is captured, then TP0 falls asleep in `Capture draft decode CUDA graph begin`
   slow-progress          a slow checkpoint (one shard per --shard-s) and a silent but CPU-busy capture
                          (--busy-s), each longer than a stall timeout, then ready: not a hang
   busy-silent            rank 0 spins the CPU without a word after `Load weight begin`
@@ -33,10 +39,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import serving  # tests/emulator/serving.py: run as a script, this folder is on sys.path
+
 SCENARIOS = (
     "healthy",
     "incident",
     "crash-no-kernel-image",
+    "capture-hang",
+    "draft-capture-hang",
     "slow-progress",
     "busy-silent",
     "health-503",
@@ -75,14 +85,15 @@ def bar(label: str, done: int, total: int, started: float) -> str:
 
 
 def checkpoint_bar(total: int, shard_s: float) -> None:
-    """tqdm's way: '\\r' + state for each update, the final state again on close, then '\\n'."""
+    """tqdm's way: '\\r' + state for each update, the final state again on close, then '\\n' (its own write)."""
     label = "Loading safetensors checkpoint shards"
     started = time.monotonic()
     raw("\r" + bar(label, 0, total, started))
     for done in range(1, total + 1):
         time.sleep(shard_s)
         raw("\r" + bar(label, done, total, started))
-    raw("\r" + bar(label, total, total, started) + "\n")
+    raw("\r" + bar(label, total, total, started))
+    raw("\n")
 
 
 def spin(seconds: float | None) -> None:
@@ -93,8 +104,14 @@ def spin(seconds: float | None) -> None:
         value = (value * 1103515245 + 12345) % (1 << 31)
 
 
-def post_load_weight_processing() -> None:
+def process_weights_after_loading() -> None:
     """The incident: the checkpoint is read and then nothing happens, asleep, forever."""
+    while True:
+        time.sleep(3600)
+
+
+def draft_capture() -> None:
+    """A draft graph capture that never returns, asleep."""
     while True:
         time.sleep(3600)
 
@@ -107,28 +124,45 @@ def scheduler_event_loop() -> None:
 def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
     threading.Thread(target=threading.Event().wait, name="watchdog", daemon=True).start()  # 'Sl', like a scheduler
     step = args.step_s
-    emit("Init torch distributed begin.", rank)
+    emit("Init parallel begin.", rank)
     time.sleep(step)
-    emit("Init torch distributed ends. mem usage=0.41 GB", rank)
+    emit(f"Init parallel ends. elapsed={step:.2f} s", rank)
+    emit("Memory baseline taken. mem usage=0.41 GB", rank)
+    time.sleep(step * rank / 2)  # ranks drift apart: a rank's line lands glued to another rank's bar
     emit("Load weight begin. avail mem=93.72 GB", rank)
     if args.scenario == "busy-silent":
         if rank == 0:
             spin(None)
-        post_load_weight_processing()
+        process_weights_after_loading()
     shard_s = args.shard_s if args.scenario == "slow-progress" else args.shard_s / 8
-    checkpoint_bar(args.shards, shard_s)
+    loading = time.monotonic()
+    if rank == 0 or args.bars == "per-rank":
+        checkpoint_bar(args.shards, shard_s)
+    else:
+        time.sleep(shard_s * args.shards)  # reading its shards without a bar, as SGLang 0.5.23's other ranks do
     if args.scenario == "incident":
-        post_load_weight_processing()
+        process_weights_after_loading()
     emit(
-        "Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=67.18 GB, mem usage=26.54 GB.",
+        f"Load weight end. elapsed={time.monotonic() - loading:.2f} s, type=DeepseekV3ForCausalLM, "
+        "quant=compressed-tensors, avail mem=67.18 GB, mem usage=26.54 GB.",
         rank,
     )
+    speculative = args.speculative or args.scenario == "draft-capture-hang"
+    if speculative:  # SGLang's draft worker loads its model right after the target's, on every rank
+        emit("Load weight begin. avail mem=67.18 GB", rank)
+        if rank == 0:
+            checkpoint_bar(2, shard_s)
+        emit(
+            "Load weight end. elapsed=0.05 s, type=DeepseekV3ForCausalLMNextN, avail mem=65.00 GB, mem usage=2.18 GB.",
+            rank,
+        )
     time.sleep(step)
-    emit("KV Cache is allocated. #tokens: 1048576, KV size: 17.04 GB", rank)
+    emit("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1048576, KV size: 17.04 GB", rank)
     emit("Memory pool end. avail mem=48.92 GB", rank)
-    emit("Init attention backend begin.", rank)
-    emit("Init attention backend end.", rank)
-    emit("Capture cuda graph begin. This can take up to several minutes. avail mem=48.90 GB", rank)
+    graph = "target verify" if speculative else "target decode"
+    emit(f"Capture {graph} CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=48.90 GB", rank)
+    if args.scenario == "capture-hang":
+        process_weights_after_loading()
     if args.scenario == "crash-no-kernel-image" and rank == 0:
         emit("Scheduler hit an exception: Traceback (most recent call last):", rank)
         for line in (
@@ -149,21 +183,41 @@ def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
     for done in range(1, 5):
         time.sleep(step / 2)
         elapsed = time.monotonic() - started
-        raw(
-            f"\rCapturing batches (bs={2 ** (4 - done)} avail_mem=48.60 GB): {25 * done:3d}%|"
-            f"{'#' * (done * 2):<8}| {done}/4 [00:00<00:00, {done / elapsed:5.2f}it/s]"
+        if rank == 0:  # SGLang draws the capture bar on TP0 only
+            raw(
+                f"\rCapturing batches (bs={2 ** (4 - done)} avail_mem=48.60 GB): {25 * done:3d}%|"
+                f"{'#' * (done * 2):<8}| {done}/4 [00:00<00:00, {done / elapsed:5.2f}it/s]"
+            )
+    if rank == 0:
+        raw("\n")
+    emit(
+        f"Capture {graph} CUDA graph end. bs=[1, 2, 4, 8], elapsed={time.monotonic() - started:.2f} s, "
+        "mem usage=0.31 GB, avail mem=48.59 GB.",
+        rank,
+    )
+    if speculative:  # the draft worker's captures, logged by TP0 only; the other ranks wait for it
+        for kind in ("decode", "extend"):
+            if rank == 0:
+                emit(
+                    f"Capture draft {kind} CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2, 4, 8], "
+                    "avail mem=48.50 GB",
+                    rank,
+                )
+            if args.scenario == "draft-capture-hang" and rank == 0:
+                draft_capture()
+            if args.scenario == "draft-capture-hang":
+                process_weights_after_loading()  # the other ranks: waiting for TP0 in the next collective
+            time.sleep(step / 2)
+            if rank == 0:
+                emit(
+                    f"Capture draft {kind} CUDA graph end. elapsed=0.02 s, mem usage=0.10 GB, avail mem=48.40 GB.", rank
+                )
+    if rank == 0:
+        emit(
+            "max_total_num_tokens=1048576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            "max_running_requests=2048, context_len=262144, available_gpu_mem=48.59 GB",
+            rank,
         )
-    raw("\n")
-    emit(
-        f"Capture cuda graph end. Time elapsed: {time.monotonic() - started:.2f} s. "
-        "mem usage=0.31 GB. avail mem=48.59 GB.",
-        rank,
-    )
-    emit(
-        "max_total_num_tokens=1048576, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-        "max_running_requests=2048, context_len=262144, available_gpu_mem=48.59 GB",
-        rank,
-    )
     if ready_fd is not None:
         os.write(ready_fd, b"1")
         os.close(ready_fd)
@@ -174,6 +228,7 @@ class State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.warm = threading.Event()
+        self.serving = serving.Serving(args, emit)
 
 
 def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
@@ -195,6 +250,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
+            if state.serving.handle_get(self):
+                return
             if self.path == "/health":
                 healthy = state.warm.is_set() and args.scenario != "health-503"
                 self.reply(200 if healthy else 503, {} if healthy else {"detail": "server is starting"})
@@ -216,6 +273,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 threading.Event().wait()  # a request stuck in the scheduler: asleep, never answered
             if args.scenario == "bad-completion":
                 self.reply(200, {"id": "cmpl-0", "object": "text_completion", "choices": []})
+                return
+            if request.get("stream"):
+                state.serving.stream(self, request)
                 return
             prompt = str(request.get("prompt") or request.get("text") or "")
             text = " Paris. It is also the" if "France" in prompt else " a test reply"
@@ -267,10 +327,13 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=None, help="rank processes (default --tp)")
     parser.add_argument("--shards", type=int, default=64)
+    parser.add_argument("--bars", choices=("per-rank", "rank0"), default="per-rank", help="who draws the shard bar")
+    parser.add_argument("--speculative", action="store_true", help="a draft model: its load and graph captures")
     parser.add_argument("--shard-s", type=float, default=0.02, help="seconds per shard (slow-progress; else /8)")
     parser.add_argument("--busy-s", type=float, default=2.5, help="silent CPU-busy capture (slow-progress)")
     parser.add_argument("--step-s", type=float, default=0.05, help="pause between log lines")
     parser.add_argument("--warmup-s", type=float, default=0.3, help="/health stays 503 this long after listening")
+    serving.add_arguments(parser)
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     args, _sglang_flags = parser.parse_known_args()  # accepts the rest of SGLang's command line
@@ -282,12 +345,20 @@ def main() -> None:
         raw("launch_server.py: error: argument --tp: invalid int value: 'eight'\n")
         sys.exit(2)
     ranks = max(1, args.tp if args.ranks is None else args.ranks)
-    emit(
-        f"server_args=ServerArgs(model_path={args.model_path!r}, tokenizer_path={args.model_path!r}, "
-        f"trust_remote_code=True, host={args.host!r}, port={args.port}, tp_size={ranks}, "
-        f"speculative_algorithm=None, tool_call_parser='kimi_k2', reasoning_parser='kimi_k2', "
-        f"attention_backend=None, disable_cuda_graph=False, watchdog_timeout=300)"
-    )
+    server_args = {
+        "model_path": args.model_path,
+        "tokenizer_path": args.model_path,
+        "trust_remote_code": True,
+        "host": args.host,
+        "port": args.port,
+        "tp_size": ranks,
+        "speculative_algorithm": None,
+        "tool_call_parser": "kimi_k2",
+        "reasoning_parser": "kimi_k2",
+        "attention_backend": None,
+        "watchdog_timeout": 300,
+    }
+    emit(f"server_args={server_args}")
     children = []
     readers = []
     for rank in range(ranks):

@@ -39,3 +39,12 @@ def test_matrix_builds_every_listed_arch_with_the_invoke_tasks() -> None:
     upload = next(s for s in job["steps"] if "upload-artifact" in s.get("uses", ""))
     assert upload["if"] == "always()"
     assert "pull_request" in job["env"]["PUSH"]  # never push from pull requests
+
+
+def test_a_failed_pin_check_stops_the_build_matrix() -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert "pins" in workflow["jobs"]["build"]["needs"]
+    pins = workflow["jobs"]["pins"]
+    (run,) = [step["run"] for step in pins["steps"] if "invoke pins" in step.get("run", "")]
+    assert '--recipe "$RECIPE"' in run and "--json" in run and "--junit" in run
+    assert "continue-on-error" not in str(pins)  # a failed pin must fail the job, so `needs` stops the matrix

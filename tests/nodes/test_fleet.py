@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -96,8 +97,30 @@ def test_validator_requires_the_node_access_provision_needs(
 
 
 def test_daemonset_passes_the_kubernetes_schema(files: dict[str, str]) -> None:
-    kubernetes_validate = pytest.importorskip("kubernetes_validate")
     kubernetes_validate.validate(yaml.safe_load(files[fleet.DAEMONSET]), "1.30", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (("hostPID: true", "hostPID: yes-please"), "$.spec.template.spec.hostPID: 'yes-please' is not of type"),
+        (("hostPID: true", "hostPid: true"), "Additional properties are not allowed ('hostPid' was unexpected)"),
+        (("kind: DaemonSet", "kind: DaemonSett"), "Couldn't find schema for kind DaemonSett"),
+        (("apiVersion: apps/v1", "apiVersion: apps/v2"), "Couldn't find schema for kind DaemonSet with api version"),
+    ],
+)
+def test_schema_problems_come_from_the_kubernetes_schema(
+    spec: FleetSpec, files: dict[str, str], edit: tuple[str, str], problem: str
+) -> None:
+    """Structure, types and unknown fields are the schema's to judge; the bwstack rules do not run on them."""
+    old, new = edit
+    assert old in files[fleet.DAEMONSET]
+    (found,) = validate_daemonset(files[fleet.DAEMONSET].replace(old, new), spec)
+    assert problem in found
+
+
+def test_a_manifest_without_kind_is_named_not_crashed_on(spec: FleetSpec) -> None:
+    assert validate_daemonset("apiVersion: apps/v1\nmetadata: {name: x}\n", spec) == ["no kind"]
 
 
 def test_playbook_runs_preflight_then_provision_with_the_recipe_values(spec: FleetSpec, files: dict[str, str]) -> None:

@@ -254,3 +254,13 @@ def test_real_pynvml_on_this_machine_is_a_failed_driver_check(tmp_path: Path) ->
 )
 def test_recipe_build_target_runs_on(arch: str, cc: tuple[int, int], runs: bool) -> None:
     assert runs_on(parse_arch(arch), cc) is runs
+
+
+def test_a_failed_row_remap_comes_first_and_asks_for_service(tmp_path: Path) -> None:
+    nvml = fakes.rtx_pro_6000_pcie(3)
+    nvml.gpus[0] = dataclasses.replace(nvml.gpus[0], remapped_rows=(0, 1, 1, 0))  # pending
+    nvml.gpus[2] = dataclasses.replace(nvml.gpus[2], remapped_rows=(0, 1, 0, 1))  # failed
+    repair = check(preflight(nvml, tmp_path, tp=3), "gpu.memory-repair")
+    assert repair.status is Status.FAIL
+    assert repair.finding == "row remapping failed on GPU 2 (the GPU needs service); row remaps pending on GPU 0"
+    assert repair.remedy is not None and repair.remedy.startswith("take the GPU out of service (RMA); reset the GPU")

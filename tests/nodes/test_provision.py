@@ -13,6 +13,7 @@ from bwstack.images.build import build_images
 from bwstack.nodes.preflight.host import HostPaths, HostThresholds
 from bwstack.nodes.provision import DEMO_MODEL, ProvisionRequest, run_provision
 from bwstack.reaper import extra_labels
+from tests.emulator.support import free_port
 from tests.fakes import fake_pynvml as fakes
 from tests.helpers import invoke
 
@@ -55,7 +56,13 @@ def smoke_containers(client) -> list:
 @pytest.mark.docker
 def test_h200_node_verifies_for_its_own_gpus_then_serves(docker_client, demo_images, tmp_path: Path) -> None:
     request = ProvisionRequest(
-        demo_images["demo"], DEMO_MODEL, "demo", startup_timeout_s=60, stall_timeout_s=20, smoke_log=tmp_path / "s.log"
+        demo_images["demo"],
+        DEMO_MODEL,
+        "demo",
+        port=free_port(),  # never the recipe's 30000: something of the user's may listen there
+        startup_timeout_s=60,
+        stall_timeout_s=20,
+        smoke_log=tmp_path / "s.log",
     )
     report = run_provision(request, nvml=fakes.h200_nvlink(), preflight_options=node_seams(tmp_path)).to_dict()
     assert report["ok"] is True, [c for c in report["checks"] if c["status"] == "fail"]
@@ -120,12 +127,26 @@ def test_missing_shard_stops_provisioning_naming_the_file(tmp_path: Path) -> Non
 @pytest.mark.docker
 def test_demo_passes_end_to_end(docker_client, tmp_path: Path) -> None:
     # the task has no flag for the smoke log: its folder goes under tmp_path through TMPDIR
-    result = invoke("provision", "--demo", "--json", str(tmp_path / "p.json"), env={"TMPDIR": str(tmp_path)})
+    result = invoke(
+        "provision",
+        "--demo",
+        "--port",
+        str(free_port()),
+        "--json",
+        str(tmp_path / "p.json"),
+        env={"TMPDIR": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "p.json").read_text())
-    assert [data["stages"][s]["ok"] for s in ("build", "preflight", "verify", "smoke")] == [True] * 4
+    assert [data["stages"][s]["ok"] for s in ("build", "preflight", "verify", "advise", "smoke")] == [True] * 5
     assert data["stages"]["smoke"]["verdict"] == "ready"
     checks = by_name(data)
+    # the demo is advised for its arch (sm120) and Kimi-shaped model, and smoke launched with that advice
+    advice = data["stages"]["advise"]["advice"]
+    assert "--attention-backend" in advice["args"] and advice["env"]["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+    assert checks["advise: nccl-pcie"]["status"] == "pass"  # tp 1: not needed
+    launched = checks["smoke: launch"]["evidence"]["argv"]
+    assert launched[-len(advice["args"]) :] == advice["args"]
     assert checks["smoke: completion"]["status"] == "pass"
     assert not smoke_containers(docker_client)
 
@@ -155,6 +176,9 @@ def test_the_smoke_stage_writes_its_log_where_it_is_told(tmp_path: Path, monkeyp
     monkeypatch.setattr(provision, "_node_archs", lambda preflight, demo: ([provision.parse_arch("sm90")], []))
     monkeypatch.setattr(provision.sources, "open_image", no_image)
     monkeypatch.setattr(provision, "verify_tree", lambda *args, **kwargs: Report(kind="verify", subject="x"))
+    monkeypatch.setattr(provision, "image_facts", lambda *args: None)
+    advised = Report(kind="advise", subject="x", data={"advice": {"args": [], "env": {}}})
+    monkeypatch.setattr(provision, "_advise", lambda *args: advised)
     monkeypatch.setattr(provision, "run_smoke", fake_smoke)
     log = tmp_path / "smoke" / "server.log"
     report = run_provision(ProvisionRequest("stack:tag", DEMO_MODEL, "demo", smoke_log=log))

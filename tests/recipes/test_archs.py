@@ -6,7 +6,7 @@ import pytest
 from packaging.version import Version
 
 from bwstack.errors import ArchError
-from bwstack.recipes.archs import ARCHS, arch_for_cc, parse_arch
+from bwstack.recipes.archs import ARCHS, arch_for_cc, cc_text, parse_arch, parse_arch_list
 
 
 @pytest.mark.parametrize("spelling", ["sm120", "sm_120", "SM_120", "12.0", "sm_120a", "120", " sm120 "])
@@ -69,3 +69,40 @@ def test_arch_for_cc_knows_the_table_and_nothing_else() -> None:
 def test_a_suffix_bwstack_does_not_build_is_refused_not_swapped(spelling: str, builds: str) -> None:
     with pytest.raises(ArchError, match=rf"bwstack builds sm\d+ as {builds}, not as {spelling}"):
         parse_arch(spelling)
+
+
+@pytest.mark.parametrize(
+    ("values", "names"),
+    [
+        (["sm120"], ["sm120"]),
+        ("sm_120", ["sm120"]),
+        (["12.0", "sm_120", "sm120"], ["sm120"]),  # repeats collapse
+        (["sm121,12.0", " sm_90 , "], ["sm90", "sm120", "sm121"]),  # commas; table order, not flag order
+        ([parse_arch("sm100"), "10.3"], ["sm100", "sm103"]),  # rows already parsed pass through
+    ],
+)
+def test_arch_lists_take_every_spelling_repeats_and_commas(values: list[str] | str, names: list[str]) -> None:
+    assert [a.name for a in parse_arch_list(values)] == names
+
+
+def test_all_is_the_recipes_archs_where_a_recipe_is_involved_else_the_table() -> None:
+    assert [a.name for a in parse_arch_list(["all"])] == [a.name for a in ARCHS]
+    assert [a.name for a in parse_arch_list(["ALL,sm80"], recipe_archs=["sm_120", "9.0"])] == ["sm80", "sm90", "sm120"]
+
+
+@pytest.mark.parametrize("values", [[], None, [""], [" , "]])
+def test_no_arch_is_an_arch_error_with_the_forms_as_remedy(values: list[str] | None) -> None:
+    with pytest.raises(ArchError, match=r"^no --arch given \(e\.g\. --arch sm120\) \(remedy: repeat --arch"):
+        parse_arch_list(values)
+
+
+def test_a_bad_arch_in_a_list_is_named() -> None:
+    with pytest.raises(ArchError, match="unknown arch 'sm999'"):
+        parse_arch_list(["sm120,sm999"])
+
+
+@pytest.mark.parametrize(("cc", "text"), [((12, 0), "12.0"), ((8, 6), "8.6"), ((10, 3), "10.3")])
+def test_cc_text_is_nvidias_spelling(cc: tuple[int, int], text: str) -> None:
+    assert cc_text(cc) == text
+    if (arch := arch_for_cc(cc)) is not None:
+        assert arch.cc_str == text and parse_arch(text) is arch

@@ -135,3 +135,11 @@ def test_serve_command_fills_its_placeholders(tmp_path: Path) -> None:
     text = SGLANG.replace("extra_args = []", 'extra_args = []\ncommand = ["srv", "{model}", "{host}:{port}"]')
     recipe = load_recipe(str(write_recipe(tmp_path, text)))
     assert recipe.serve_command("/m", host="127.0.0.1", port=9) == ["srv", "/m", "127.0.0.1:9"]
+
+
+def test_resolve_archs_reads_all_as_the_recipes_archs_and_checks_each() -> None:
+    recipe = load_recipe("demo")
+    assert [a.name for a in recipe.resolve_archs(["all"])] == ["sm90", "sm120"]
+    assert [a.name for a in recipe.resolve_archs("12.0,sm_120")] == ["sm120"]
+    with pytest.raises(RecipeError, match="recipe demo does not build sm100; it builds sm90, sm120"):
+        recipe.resolve_archs(["sm120", "sm100"])

@@ -122,3 +122,23 @@ def test_nvml_seam_reports_why_it_is_unavailable_here() -> None:
         assert dx.gpu_evidence(sampler) == {"available": False, "reason": sampler.reason, "gpus": []}
     sampler.close()
     assert UnavailableGpuSampler("no driver").reason == "no driver"
+
+
+def test_py_spy_frames_put_the_cause_they_point_at_first_with_the_frame_as_evidence() -> None:
+    dump = (
+        "Process 42: python3 -m sglang.launch_server --speculative-draft-model-path /m/draft\n"
+        "Python v3.12.3 (/usr/bin/python3.12)\n\n"
+        'Thread 42 (idle): "MainThread"\n'
+        "    all_reduce (torch/distributed/distributed_c10d.py:2501)\n"
+        "    load_model (sglang/srt/model_executor/model_runner.py:1290)\n"
+    )
+    causes = dx.causes_for("shards-loaded", stacks=[dump])
+    assert "NCCL collective" in causes[0].cause and causes[0].evidence
+    notes = dx.evidence_notes("shards-loaded", [dump])
+    assert notes == [
+        f"py-spy points at: {causes[0].cause} (frame: all_reduce (torch/distributed/distributed_c10d.py:2501))"
+    ]
+    # the process line (its command line) is no frame: the draft flag there points at no draft cause
+    draft = dx.evidence_notes("draft-loading-weights", [dump])
+    assert len(draft) == 1 and "collective" in draft[0]
+    assert dx.causes_for("shards-loaded")[0].cause.startswith("kernels for this GPU missing")

@@ -9,7 +9,7 @@ from bwstack.smoke.logfollow import FileFollower, LineSplitter, LogTail, StreamP
 
 
 def texts(lines: list) -> list[str]:
-    return [line.raw for line in lines]
+    return [line.raw for line in lines if not line.blank]
 
 
 def test_carriage_returns_break_lines_and_mark_bar_updates_transient() -> None:
@@ -46,6 +46,18 @@ def test_a_rank_line_glued_to_another_ranks_bar_is_cut_at_its_prefix() -> None:
 def test_ansi_escapes_and_blank_pieces_are_dropped() -> None:
     lines = LineSplitter().feed(b"\x1b[A\x1b[2K\rCapturing batches: 50%\r\r\n\x1b[32mgreen\x1b[0m\n")
     assert texts(lines) == ["Capturing batches: 50%", "green"]
+
+
+def test_a_bare_newline_is_a_blank_line_and_each_line_says_what_ended_it() -> None:
+    # a bar's closing newline that another rank's line separated from its bar
+    data = b"\rbar 4/4[2026-01-02 03:04:05 TP1] Load weight end.\n\n\rnext 0/2\rnext 1/2"
+    lines = LineSplitter().feed(data)
+    assert [(line.raw[:8], line.ending, line.blank) for line in lines] == [
+        ("bar 4/4", "", False),
+        ("[2026-01", "\n", False),
+        ("", "\n", True),
+        ("next 0/2", "\r", False),
+    ]
 
 
 def test_prefix_parsing() -> None:
@@ -101,7 +113,7 @@ def test_stream_pump_copies_a_stream_into_the_file(tmp_path: Path) -> None:
     gate = threading.Event()
 
     def chunks():
-        yield b"[2026-01-02 03:04:05 TP0] Init torch distributed begin.\n"
+        yield b"[2026-01-02 03:04:05 TP0] Init parallel begin.\n"
         gate.wait(5)
         yield b"\rbar 1/2\rbar 2/2\n"
 

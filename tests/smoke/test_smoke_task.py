@@ -60,7 +60,7 @@ def test_a_hang_exits_1_with_its_report(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert (report["verdict"], report["phase"]) == ("hang", "shards-loaded")
-    assert "smoke: hang in shards-loaded: checkpoint fully read, weights never finished" in done.stderr
+    assert "smoke: hang in shards-loaded: checkpoint fully read on every rank" in done.stderr
     failures = ET.parse(tmp_path / "r.xml").getroot().findall("testcase/failure")
     assert failures[0].get("message", "").startswith("hang in shards-loaded")
     assert not processes_mentioning(f"--port {port}")
@@ -140,3 +140,24 @@ def test_sigterm_to_smoke_stops_the_server_before_smoke_exits(tmp_path: Path) ->
     assert "bwstack: interrupted by SIGTERM" in stderr
     assert "smoke: received SIGTERM: stopping the server before exiting" in stderr
     assert "smoke: stopped: nothing left running" in stderr and "Traceback" not in stderr
+
+
+def test_hostile_log_paths_are_one_line_and_exit_2_at_once(tmp_path: Path) -> None:
+    """A FIFO would block smoke in open() (deaf to SIGTERM), /dev/full reads as endless zeros (a busy loop),
+    a directory or a kernel file cannot hold a log, a path under a file cannot exist."""
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "file").write_text("x")
+    cases = {
+        str(fifo): "is a FIFO, not a regular file",
+        "/dev/full": "is a device, not a regular file",
+        str(tmp_path): "is a directory",
+        "/proc/version": "cannot be written",
+        str(tmp_path / "file" / "server.log"): "cannot be used: Not a directory",
+    }
+    port = free_port()
+    for log, said in cases.items():
+        done = invoke_smoke("--command", "sleep 60", "--port", str(port), "--log", log)
+        assert done.returncode == 2, (log, done.stderr)
+        assert done.stderr.count("\n") == 1 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not processes_mentioning("sleep 60")

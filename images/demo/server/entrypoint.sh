@@ -1,6 +1,6 @@
 #!/bin/sh
 # A stand-in SGLang server for images that must build anywhere (FROM scratch + static busybox): it prints
-# SGLang's start-up log (docs/facts.md section 5: ServerArgs, per-rank lines with `[time TPn]` prefixes,
+# SGLang 0.5.23's start-up log (docs/smoke.md: server_args, per-rank lines with `[time TPn]` prefixes,
 # carriage-return checkpoint bars from several rank processes at once, uvicorn's lines), then serves
 # /health (503 during warm-up), /v1/models and POST /v1/completions through busybox nc + handler.sh.
 #
@@ -61,9 +61,9 @@ trap 'kill $pids $nc_pid $sleeper 2>/dev/null; exit 143' TERM INT
 rank() {
   r=$1
   trap 'kill $sleeper 2>/dev/null; exit 143' TERM INT  # this rank's own sleep goes with it
-  rank_say "$r" "Init torch distributed begin."
+  rank_say "$r" "Init parallel begin."
   sleep "$STEP_S"
-  rank_say "$r" "Init torch distributed ends. mem usage=0.41 GB"
+  rank_say "$r" "Init parallel ends. elapsed=0.05 s"
   rank_say "$r" "Load weight begin. avail mem=93.72 GB"
   label="Loading safetensors checkpoint shards"
   i=0
@@ -74,21 +74,21 @@ rank() {
   done
   printf '\r%s: 100%% Completed | %d/%d [00:%02d<00:00,  2.55it/s]\n' "$label" "$SHARDS" "$SHARDS" "$SHARDS" >&2
   [ "$DEMO_SCENARIO" = incident ] && forever
-  rank_say "$r" "Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=67.18 GB, mem usage=26.54 GB."
-  rank_say "$r" "KV Cache is allocated. #tokens: 1048576, KV size: 17.04 GB"
+  rank_say "$r" "Load weight end. elapsed=0.70 s, type=DeepseekV3ForCausalLM, avail mem=67.18 GB, mem usage=26.54 GB."
+  rank_say "$r" "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1048576, KV size: 17.04 GB"
   rank_say "$r" "Memory pool end. avail mem=48.92 GB"
-  rank_say "$r" "Capture cuda graph begin. This can take up to several minutes. avail mem=48.90 GB"
+  rank_say "$r" "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=48.90 GB"
   if [ "$DEMO_SCENARIO" = crash-no-kernel-image ] && [ "$r" = 0 ]; then
     rank_say "$r" "Scheduler hit an exception: Traceback (most recent call last):"
     echo "RuntimeError: CUDA error: no kernel image is available for execution on the device" >&2
     exit 1
   fi
   sleep "$STEP_S"
-  rank_say "$r" "Capture cuda graph end. Time elapsed: 0.05 s. mem usage=0.31 GB. avail mem=48.59 GB."
+  rank_say "$r" "Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=0.05 s, mem usage=0.31 GB, avail mem=48.59 GB."
   rank_say "$r" "max_total_num_tokens=1048576, chunked_prefill_size=8192, max_running_requests=2048, context_len=262144"
 }
 
-say "server_args=ServerArgs(model_path='$MODEL_PATH', tp_size=$TP, host='$HOST', port=$PORT, speculative_algorithm=None)"
+say "server_args={'model_path': '$MODEL_PATH', 'tp_size': $TP, 'host': '$HOST', 'port': $PORT, 'speculative_algorithm': None}"
 r=0
 while [ "$r" -lt "$TP" ]; do
   rank "$r" &
