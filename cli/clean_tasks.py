@@ -32,7 +32,8 @@ def report_stale(stage: str, *, containers: bool) -> None:
 @task(
     help={
         "dry_run": "list what would be removed, remove nothing",
-        "running": "also stop things whose bwstack run is still going (default: only those of runs that died)",
+        "running": "also stop things whose bwstack run is still going (default: on; --no-running spares them "
+        "and removes only what runs that died left)",
     }
 )
 @guarded
