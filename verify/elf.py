@@ -77,6 +77,18 @@ class BytesSource:
         return bytes(self.data[offset : offset + length])
 
 
+class SliceSource:
+    """A byte range of another source seen as a whole input (a stored cubin inside a fatbin)."""
+
+    def __init__(self, outer: Source, offset: int, size: int, label: str) -> None:
+        check_range(outer, offset, size, "slice")
+        self.outer, self.offset, self.size, self.label = outer, offset, size, label
+
+    def read(self, offset: int, length: int) -> bytes:
+        check_range(self, offset, length, "read")
+        return self.outer.read(self.offset + offset, length)
+
+
 def check_range(source: Source, offset: int, length: int, what: str) -> None:
     """Raise FatbinError unless [offset, offset+length) lies inside the source."""
     if offset < 0 or length < 0 or offset + length > source.size:
@@ -197,9 +209,11 @@ def kernel_symbols(source: Source) -> Iterator[str]:
         check_range(source, strtab.offset, strtab.size, "symbol name table")
         check_range(source, symtab.offset, symtab.size, "symbol table")
         table = source.read(symtab.offset, symtab.size - symtab.size % _SYM.size)
+        # One read of the name table (already checked to fit the input), then names from memory.
+        names = BytesSource(source.read(strtab.offset, strtab.size), source.label)
         for st_name, st_info, st_other, _shndx, _value, _size in _SYM.iter_unpack(table):
             if st_info & 0xF == STT_FUNC and st_other & STO_CUDA_ENTRY:
-                yield read_name(source, strtab.offset, strtab.size, st_name)
+                yield read_name(names, 0, strtab.size, st_name)
 
 
 @contextmanager

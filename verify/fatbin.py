@@ -74,6 +74,9 @@ class FatbinEntry:
     offset: int
     isa_version: str
     kernels: tuple[str, ...] = ()  # filled only by read_entries(..., kernels=True)
+    # Which container (one per translation unit linked in) holds the entry: the driver loads a fatbin
+    # container by container, so a kernel runs only if its own container has code for the GPU.
+    container: int = 0
 
     @property
     def arch(self) -> str:
@@ -95,6 +98,7 @@ class FatbinEntry:
             "offset": self.offset,
             "isa_version": self.isa_version,
             "kernels": list(self.kernels),
+            "container": self.container,
         }
 
 
@@ -127,16 +131,16 @@ def read_source_entries(source: elf.Source, *, kernels: bool = False) -> list[Fa
     if section is None:
         return []
     elf.check_range(source, section.offset, section.size, f"section {section.name}")
-    entries = list(_walk(source, section.offset, section.offset + section.size))
+    entries = list(walk(source, section.offset, section.offset + section.size))
     if kernels:
-        entries = [_with_kernels(source, entry) for entry in entries]
+        entries = [with_kernels(source, entry) for entry in entries]
     return entries
 
 
-def _walk(source: elf.Source, start: int, end: int) -> list[FatbinEntry]:
+def walk(source: elf.Source, start: int, end: int) -> list[FatbinEntry]:
     entries: list[FatbinEntry] = []
-    for _pos, body, body_end in _containers(source, start, end):
-        entries.extend(_entries(source, body, body_end))
+    for index, (_pos, body, body_end) in enumerate(_containers(source, start, end)):
+        entries.extend(replace(e, container=index) for e in _entries(source, body, body_end))
     return entries
 
 
@@ -241,11 +245,16 @@ def _entry(label: str, pos: int, header: _Header) -> FatbinEntry:
     )
 
 
-def _with_kernels(source: elf.Source, entry: FatbinEntry) -> FatbinEntry:
+def with_kernels(source: elf.Source, entry: FatbinEntry) -> FatbinEntry:
     if entry.kind == "lto":
         return entry
-    data = decompress(source, entry)
     label = f"{source.label} [{entry.arch} at offset {entry.offset}]"
+    if entry.kind == "sass" and entry.codec == "none":
+        # A stored cubin is read in place: only its section table, symbol table and names, never its code.
+        header_size = _ENTRY.unpack(source.read(entry.offset, _ENTRY.size))[2]
+        view = elf.SliceSource(source, entry.offset + header_size, entry.compressed_size, label)
+        return replace(entry, kernels=tuple(elf.kernel_symbols(view)))
+    data = decompress(source, entry)
     if entry.kind == "ptx":
         names = tuple(m.group(1).decode("ascii", "replace") for m in _PTX_ENTRY.finditer(data))
     else:
