@@ -77,6 +77,9 @@ class FatbinEntry:
     # Which container (one per translation unit linked in) holds the entry: the driver loads a fatbin
     # container by container, so a kernel runs only if its own container has code for the GPU.
     container: int = 0
+    # The container holds no kernels at all (a device-link stub, or a translation unit with only
+    # __device__ data): nothing in it is ever launched, so coverage does not count it.
+    kernel_free: bool = False
 
     @property
     def arch(self) -> str:
@@ -99,6 +102,7 @@ class FatbinEntry:
             "isa_version": self.isa_version,
             "kernels": list(self.kernels),
             "container": self.container,
+            "kernel_free": self.kernel_free,
         }
 
 
@@ -134,7 +138,33 @@ def read_source_entries(source: elf.Source, *, kernels: bool = False) -> list[Fa
     entries = list(walk(source, section.offset, section.offset + section.size))
     if kernels:
         entries = [with_kernels(source, entry) for entry in entries]
-    return entries
+    return mark_kernel_free(source, entries, kernels_read=kernels)
+
+
+FIRST_CUBIN = 64 << 10  # stream_capture.py keeps a container's first cubin whole up to this size
+
+
+def mark_kernel_free(source: elf.Source, entries: list[FatbinEntry], *, kernels_read: bool) -> list[FatbinEntry]:
+    """Flag the entries of containers that hold no kernels (one cubin per container tells: one source file).
+
+    A container's first cubin is read for its symbols when kernel names were not read already; a first
+    cubin bigger than FIRST_CUBIN is taken to hold kernels (stubs are a few KB).
+    """
+    free: set[int] = set()
+    first: dict[int, FatbinEntry] = {}
+    for entry in entries:
+        if entry.kind == "sass":
+            first.setdefault(entry.container, entry)
+    for container, cubin in first.items():
+        if kernels_read:
+            empty = not any(e.kernels for e in entries if e.container == container)
+        elif cubin.compressed_size <= FIRST_CUBIN:
+            empty = not with_kernels(source, cubin).kernels
+        else:
+            empty = False
+        if empty and not any(e.kind != "sass" for e in entries if e.container == container):
+            free.add(container)
+    return [replace(e, kernel_free=True) if e.container in free else e for e in entries]
 
 
 def walk(source: elf.Source, start: int, end: int) -> list[FatbinEntry]:

@@ -40,16 +40,106 @@ from bwstack.recipes.archs import CC
 RESULT_MARKER = "BWSTACK-PROBE-RESULT "
 PROBE_TOKEN = "BWSTACK_PROBE_TOKEN"  # marks every process a probe starts, even one that leaves the session
 
-_STAND_IN_TORCH = '''\
-"""Stand-in torch for bwstack's loader probe: reports one GPU of the CC in BWSTACK_PROBE_CC."""
+_STAND_IN_TORCH = r'''
+"""Stand-in torch for bwstack's loader probe: reports one GPU of the CC in BWSTACK_PROBE_CC.
+
+Loaders touch much of torch on the way to their binary (annotations with torch.Tensor, subclasses of
+torch.nn.Module, decorators such as torch.compiler.disable, torch.library registrations). Everything
+not written out below is a permissive stub: any attribute of any torch module is a class that can be
+subclassed, called, used as a decorator (returns what it decorates) or indexed. What decides the
+probe is explicit: torch.cuda, torch.version, and torch.ops/torch.classes.load_library, which hands
+the path to the probe (that call IS the loader's choice of binary).
+"""
+import builtins
+import importlib.abc
+import importlib.machinery
 import os
+import sys
+import types
 from types import SimpleNamespace
 
-__version__ = "0.0.0+bwstack.probe"
+__version__ = "2.9.1"
 _cc = os.environ.get("BWSTACK_PROBE_CC", "none")
 
 
-class _Cuda:
+class _StubMeta(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        stub = _stub(name)
+        type.__setattr__(cls, name, stub)
+        return stub
+
+    def __call__(cls, *args, **kwargs):
+        # A bare stub used as a decorator returns what it decorates; a subclass builds an instance.
+        if cls.__dict__.get("_bwstack_stub") and len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]
+        return super().__call__()
+
+    def __getitem__(cls, item):
+        return cls
+
+    def __iter__(cls):
+        return iter(())
+
+    def __len__(cls):
+        return 0
+
+    def __bool__(cls):
+        return True
+
+    def __or__(cls, other):
+        # `stub | {ops}` (a set of ops) and `torch.Tensor | None` (an annotation) both still work.
+        return set(other) if isinstance(other, (set, frozenset)) else type.__or__(cls, other)
+
+    def __ror__(cls, other):
+        return set(other) if isinstance(other, (set, frozenset)) else type.__ror__(cls, other)
+
+
+class _Stub(metaclass=_StubMeta):
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stub(name)
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]
+        return _Stub()
+
+    def __getitem__(self, item):
+        return _Stub()
+
+    def __iter__(self):
+        return iter(())
+
+
+def _stub(name):
+    return _StubMeta(name, (_Stub,), {"_bwstack_stub": True})
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        stub = _stub(name)
+        setattr(self, name, stub)
+        return stub
+
+
+def _load_library(path):
+    sys.modules["__main__"].record_library(os.fspath(path))
+
+
+class _Ops(_StubModule):
+    def load_library(self, path):
+        _load_library(path)
+
+
+class _Cuda(_StubModule):
     def is_available(self):
         return _cc != "none"
 
@@ -64,7 +154,8 @@ class _Cuda:
     def _capability(self):
         if _cc == "none":
             raise RuntimeError("No CUDA GPUs are available")
-        major, minor = (int(x) for x in _cc.split("."))
+        # builtins.int: this module's own `int` is the dtype stub, as in torch.
+        major, minor = (builtins.int(x) for x in _cc.split("."))
         return major, minor
 
     def get_device_capability(self, device=None):
@@ -73,15 +164,75 @@ class _Cuda:
     def get_device_properties(self, device=None):
         major, minor = self._capability()
         return SimpleNamespace(major=major, minor=minor, name=f"bwstack probe GPU (CC {major}.{minor})",
-                               total_memory=96 << 30, multi_processor_count=188)
+                               total_memory=96 << 30, multi_processor_count=188, gcnArchName="",
+                               L2_cache_size=96 << 20, warp_size=32, uuid="bwstack-probe")
 
     def get_device_name(self, device=None):
         return self.get_device_properties(device).name
 
+    def get_arch_list(self):
+        return [] if _cc == "none" else ["sm_%s%s" % tuple(_cc.split("."))]
 
-cuda = _Cuda()
-version = SimpleNamespace(cuda="13.0", hip=None, git_version="bwstack-probe")
+    def is_initialized(self):
+        return False
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves every torch submodule that has no file here as a permissive stub module."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith("torch.") and fullname not in sys.modules:
+            here = os.path.join(os.path.dirname(__file__), *fullname.split(".")[1:])
+            if not os.path.exists(here + ".py"):
+                return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_Finder())
+
+
+def _module(name, cls=_StubModule):
+    module = cls("torch." + name)
+    module.__path__ = []
+    sys.modules[module.__name__] = module
+    globals()[name] = module
+    return module
+
+
+cuda = _module("cuda", _Cuda)
+ops = _module("ops", _Ops)
+classes = _module("classes", _Ops)
+from torch import version  # noqa: E402  (a file, as loaders read it from disk without importing torch)
+
+for _name in ("float16", "bfloat16", "float32", "float64", "float", "half", "double", "int8", "uint8", "int16",
+              "int32", "int64", "long", "int", "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+              "float4_e2m1fn_x2", "complex64", "uint32", "uint64"):
+    globals()[_name] = _stub(_name)
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    stub = _stub(name)
+    globals()[name] = stub
+    return stub
 '''
+
+_STAND_IN_TORCH_VERSION = """\
+__version__ = "2.9.1"
+cuda = "13.0"
+hip = None
+git_version = "bwstack-probe"
+debug = False
+"""
 
 _PROBE = r'''
 import builtins, ctypes, importlib.abc, importlib.machinery, importlib.util, json, os, sys, traceback
@@ -89,6 +240,7 @@ import builtins, ctypes, importlib.abc, importlib.machinery, importlib.util, jso
 MARKER = sys.argv[1]
 PACKAGE = sys.argv[2]
 ROOT = os.path.realpath(sys.argv[3])
+OWN = os.path.join(ROOT, *PACKAGE.split("."))
 attempts = []
 
 
@@ -158,9 +310,27 @@ class ExtensionRecorder(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, ExtensionRecorder())
 
 
+def own_file(path):
+    """Inside the package's own folder: a binary its loader picks (not another package's library)."""
+    return os.path.realpath(path).startswith(OWN + os.sep)
+
+
+def record_library(path):
+    """torch.ops.load_library / torch.classes.load_library: the loader's pick when it is the package's own."""
+    exists = os.path.isfile(path)
+    attempts.append({"how": "load_library", "path": path, "exists": exists})
+    if not exists:
+        raise OSError(f"{path}: cannot open shared object file: No such file or directory")
+    if own_file(path):
+        raise ProbeDone(path)
+
+
 class RecordedCDLL:
     def __init__(self, name, *args, **kwargs):
-        attempts.append({"how": "ctypes", "path": os.fspath(name) if name else None, "exists": None})
+        path = os.fspath(name) if name else None
+        attempts.append({"how": "ctypes", "path": path, "exists": None})
+        if path and os.path.isfile(path) and own_file(path) and path.endswith(EXTENSION_SUFFIXES):
+            raise ProbeDone(path)
 
     def __getattr__(self, name):
         raise AttributeError(f"bwstack probe: {name} is not callable in a probe")
@@ -181,7 +351,7 @@ else:
 
 @dataclass(frozen=True)
 class LoaderAttempt:
-    how: str  # spec_from_file_location | import | ctypes
+    how: str  # spec_from_file_location | import | load_library | ctypes
     path: str | None  # relative to the package root where it lies inside it
     exists: bool | None
 
@@ -199,6 +369,21 @@ class LoaderResult:
     error: str | None = None
 
     @property
+    def probed(self) -> bool:
+        """Did the loader run far enough to choose? It picked a binary, or it looked for its own and found none."""
+        return self.selected is not None or (
+            self.error is not None and any(a.exists is False and a.how != "ctypes" for a in self.attempts)
+        )
+
+    @property
+    def not_probed_reason(self) -> str | None:
+        if self.probed:
+            return None
+        if self.error:
+            return f"the import stopped before loading a binary: {self.error}"
+        return "importing the package loads none of its binaries (they load later, on first use)"
+
+    @property
     def fallbacks(self) -> list[str]:
         """Extension loads tried before the selected one (the loader fell back past them)."""
         return [a.path or "?" for a in self.attempts if a.how != "ctypes" and a.path != self.selected]
@@ -206,6 +391,8 @@ class LoaderResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "selected": self.selected,
+            "probed": self.probed,
+            "not_probed_reason": self.not_probed_reason,
             "fallbacks": self.fallbacks,
             "attempts": [a.to_dict() for a in self.attempts],
             "error": self.error,
@@ -225,13 +412,14 @@ class RunningProbe:
         self.import_name = import_name
         self.cc = cc
         self.timeout = timeout
-        if not (self.package_root / import_name).is_dir():
+        if not self.package_root.joinpath(*import_name.split(".")).is_dir():
             raise LoaderProbeError(f"{self.package_root}: no package {import_name!r} to probe")
         self.token = uuid.uuid4().hex
         self.scratch = Path(tempfile.mkdtemp(prefix="bwstack-probe-"))
         stand_ins = self.scratch / "stand-ins"
         (stand_ins / "torch").mkdir(parents=True)
         (stand_ins / "torch" / "__init__.py").write_text(_STAND_IN_TORCH)
+        (stand_ins / "torch" / "version.py").write_text(_STAND_IN_TORCH_VERSION)
         script = self.scratch / "probe.py"
         script.write_text(
             # sys.path: the stand-ins first, then the package root, then the stdlib; nothing else.
@@ -260,7 +448,7 @@ class RunningProbe:
 
     def result(self) -> LoaderResult:
         """Wait for the probe (until its own deadline) and read what the loader did."""
-        where = self.package_root / self.import_name
+        where = self.package_root.joinpath(*self.import_name.split("."))
         try:
             self.child.wait(timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

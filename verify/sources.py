@@ -250,7 +250,9 @@ def _wanted(name: PurePosixPath, import_name: str) -> bool:
     if not any(p in ("site-packages", "dist-packages") for p in parts):
         return False
     # Device code anywhere in site-packages, the dist-info that names distributions, Triton's own ptxas.
-    return is_binary_candidate(name.name) or name.name == "METADATA" or name.parent.name == "bin"
+    if name.parent.name.endswith(".dist-info"):
+        return name.name in ("METADATA", "RECORD", "top_level.txt")
+    return is_binary_candidate(name.name) or name.parent.name == "bin"
 
 
 def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str) -> list[str]:
