@@ -42,14 +42,15 @@ class Coverage:
             return False
         return all(any(fnmatch.fnmatchcase(k, g) for g in globs) for k in self.missing_kernels)
 
-    def describe(self, cc_text: str) -> str:
+    def describe(self, cc_text: str, unit: str = "containers") -> str:
+        """`unit`: "containers" (of a fatbin) or "files" (a folder of bare cubins, one container each)."""
         parts = []
         if self.missing:
-            parts.append(f"{len(self.missing)} of {self.containers} containers have no code for CC {cc_text}")
+            parts.append(f"{len(self.missing)} of {self.containers} {unit} have no code for CC {cc_text}")
             if self.missing_kernels:
                 parts.append("kernels without code: " + _names(self.missing_kernels))
         if self.ptx_only:
-            parts.append(f"{len(self.ptx_only)} of {self.containers} containers run only through PTX JIT")
+            parts.append(f"{len(self.ptx_only)} of {self.containers} {unit} run only through PTX JIT")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ conservative rule decides: every CUDA binary the package ships must run, and the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from bwstack.verify.fatbin import FatbinEntry
 from bwstack.verify.loader_probe import LoaderResult, RunningProbe
 from bwstack.verify.static_checks import TORCH_CUDA, find_triton_ptxas, triton_ptxas_check
 
+_HASH = re.compile(r"[0-9a-f]{32,}")
 _FOLD_MIN = 4096  # files at least this big are compared by digest, so copies fold into one row
 
 
@@ -134,9 +136,12 @@ def verify_tree(
     _distribution_check(report, import_name, distributions)
     targets = []
     for arch, loader in zip(archs, loaders, strict=True):
-        targets.append(_judge(report, arch, loader, cuda_binaries, import_name, project, options))
+        target = _judge(report, arch, loader, cuda_binaries, import_name, project, options)
         if check := triton_ptxas_check(arch, bundled_ptxas):
             report.add(check)
+            target["ok"] = target["ok"] and check.status is not Status.FAIL
+            target["triton_ptxas"] = check.evidence
+        targets.append(target)
     unmatched = [name for name in options.require if not any(_matches(b, name) for b in cuda_binaries)]
     for name in unmatched:
         report.add(
@@ -285,6 +290,18 @@ def _matches(binary: Binary, name: str) -> bool:
     )
 
 
+def _short(path: str) -> str:
+    """A check name: the path with content hashes cut to 8 characters (the JSON keeps the whole path)."""
+    return "/".join(part[:8] + "…" if _HASH.fullmatch(part) else part for part in path.split("/"))
+
+
+def _alternative(binary: Binary, selected: Binary) -> bool:
+    """A same-named build in a sibling folder (sm90/common_ops vs sm100/common_ops): the loader's other
+    choice for other GPUs, not what runs here. A same-named file elsewhere (x/_C.so, x/fa3/_C.so) is not."""
+    mine, picked = PurePosixPath(binary.path), PurePosixPath(selected.path)
+    return mine.name == picked.name and mine.parent != picked.parent and mine.parent.parent == picked.parent.parent
+
+
 def _remedy(arch: Arch, project: str) -> str:
     family = f"compute_{arch.number}f" if arch.family_since else f"compute_{arch.number}"
     gencode = arch.gencode.replace("-gencode=", "-gencode ")
@@ -302,18 +319,25 @@ def _judge(
 ) -> dict[str, Any]:
     """Add this arch's checks to the report and return its `targets[]` record."""
     selected = next((b for b in cuda_binaries if loader.selected in b.paths), None) if loader.selected else None
-    selected_name = PurePosixPath(loader.selected).name if loader.selected else None
-    conservative = not loader.probed
+    reason = loader.not_probed_reason
+    if loader.selected and selected is None:
+        # The probe ends at the first of the package's own binaries; a host-only one says nothing about the GPU.
+        reason = f"the first binary it loads, {loader.selected}, holds no device code; the rest load later"
+    conservative = reason is not None
     rows, target_ok = [], True
     check_name = f"{arch.name} loader"
-    evidence: dict[str, Any] = {"cc": arch.cc_str, "loader": loader.to_dict()}
+    evidence: dict[str, Any] = {"cc": arch.cc_str, "loader": loader.to_dict(), "probed": not conservative}
     if conservative:
+        rule = (
+            f"conservative rule: every CUDA binary {import_name} ships must run here"
+            if cuda_binaries
+            else f"{import_name} ships no CUDA device code, so nothing of it has to run here"
+        )
         report.add(
             Check(
                 check_name,
-                Status.WARN,
-                f"CC {arch.cc_str}: loader: not probed ({loader.not_probed_reason}); conservative rule: every CUDA "
-                f"binary {import_name} ships must run here",
+                Status.WARN if cuda_binaries else Status.PASS,
+                f"CC {arch.cc_str}: loader: not probed ({reason}); {rule}",
                 evidence,
                 remedy="nothing to do if the package loads its binaries on first use; otherwise --require the one "
                 "that matters",
@@ -331,17 +355,6 @@ def _judge(
                 remedy=f"install a {project} build with a binary for this GPU; {_remedy(arch, project)}",
             )
         )
-    elif selected is None:
-        target_ok = False
-        report.add(
-            Check(
-                check_name,
-                Status.FAIL,
-                f"CC {arch.cc_str}: the loader picks {loader.selected}, which holds no CUDA device code",
-                evidence,
-                remedy=_remedy(arch, project),
-            )
-        )
     # The loader's pick first: it is what decides the verdict.
     for binary in sorted(cuda_binaries, key=lambda b: b is not selected):
         is_selected = binary is selected
@@ -351,8 +364,7 @@ def _judge(
             or any(_matches(binary, name) for name in options.require)
             or any(p.endswith(TORCH_CUDA) for p in binary.paths)
         )
-        # Same-named builds in other folders are the loader's alternatives, not what runs here.
-        alternative = not is_selected and selected_name is not None and PurePosixPath(binary.path).name == selected_name
+        alternative = not is_selected and selected is not None and _alternative(binary, selected)
         runs, via = (Runs.NONE, None) if binary.error else best_runs(binary.entries, arch.cc)
         cover = coverage(binary.entries, arch.cc, kernels_read=binary.kernels_read)
         rows.append(
@@ -372,7 +384,7 @@ def _judge(
         target_ok = target_ok and (check.status is not Status.FAIL)
         report.add(check)
     record = {"arch": arch.name, "cc": arch.cc_str, "ok": target_ok, "loader": loader.to_dict(), "binaries": rows}
-    return record | {"probed": loader.probed}
+    return record | {"probed": not conservative}
 
 
 def _binary_check(
@@ -387,7 +399,7 @@ def _binary_check(
     project: str,
     options: Options,
 ) -> Check:
-    name = f"{arch.name} loader" if is_selected else f"{arch.name} {binary.path}"
+    name = f"{arch.name} loader" if is_selected else f"{arch.name} {_short(binary.path)}"
     picked = f"the loader picks {binary.path}, which" if is_selected else binary.path
     if binary.copies:
         picked += f" (same bytes as {', '.join(binary.copies)})"
@@ -418,6 +430,7 @@ def _binary_check(
         Runs.PTX_JIT: "PTX JIT at first launch (slow, then cached)",
     }[runs]
     finding = f"CC {arch.cc_str}: {picked} runs via {via.arch if via else '?'} ({how})"
+    described = cover.describe(arch.cc_str, "files" if binary.files > 1 else "containers")
     if cover.missing:
         allowed = options.allow_partial or cover.allowed_by(options.allow_missing)
         status = Status.WARN if allowed or not required else Status.FAIL
@@ -426,7 +439,7 @@ def _binary_check(
         return Check(
             name,
             status,
-            f"{finding}, but {cover.describe(arch.cc_str)}{why}{hint}",
+            f"{finding}, but {described}{why}{hint}",
             evidence,
             remedy=None
             if allowed
@@ -434,7 +447,7 @@ def _binary_check(
             "(kernel names) or --allow-partial",
         )
     if runs is Runs.PTX_JIT or cover.ptx_only:
-        detail = f"; {cover.describe(arch.cc_str)}" if cover.ptx_only and runs is not Runs.PTX_JIT else ""
+        detail = f"; {described}" if cover.ptx_only and runs is not Runs.PTX_JIT else ""
         return Check(
             name,
             Status.WARN,
