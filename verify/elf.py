@@ -34,6 +34,7 @@ _SHDR = struct.Struct("<IIQQQQIIQQ")  # 64 bytes
 _SYM = struct.Struct("<IBBHQQ")  # 24 bytes
 _NAME_WINDOW = 256  # longest section/symbol name we read in one go; longer names are read in steps
 _MAX_NAME = 1 << 16  # mangled C++ kernel names run to a few KB; beyond this the table is garbage
+_WHOLE_TABLE = 16 << 20  # section name tables up to this size are read in one go
 
 
 class Source(Protocol):
@@ -142,8 +143,10 @@ def read_header(source: Source) -> ElfHeader:
     return ElfHeader(osabi, abiver, machine, flags, shoff, shentsize, shnum, shstrndx)
 
 
-def read_sections(source: Source, header: ElfHeader | None = None) -> list[Section]:
-    """All section headers with their names; [] for an ELF without a section table (stripped of it)."""
+def read_sections(source: Source, header: ElfHeader | None = None, *, names: bool = True) -> list[Section]:
+    """All section headers with their names; [] for an ELF without a section table (stripped of it).
+
+    names=False leaves every name empty and skips the name table (kernel listing needs only types)."""
     header = header or read_header(source)
     if header.shoff == 0:
         return []
@@ -163,13 +166,35 @@ def read_sections(source: Source, header: ElfHeader | None = None) -> list[Secti
         return []
     if not 0 <= shstrndx < shnum:
         raise FatbinError(f"{source.label}: section name table index {shstrndx} out of range (0..{shnum - 1})")
+    if not names:
+        return [Section(i, "", r[1], r[4], r[5], r[6], r[9]) for i, r in enumerate(raw)]
     names_off, names_size = raw[shstrndx][4], raw[shstrndx][5]
     check_range(source, names_off, names_size, "section name table")
+    # A table of a sane size is read once and names are cut from memory; a huge one in small windows.
+    table_names = NameTable(source.read(names_off, names_size), source.label) if names_size <= _WHOLE_TABLE else None
     sections = []
     for index, (name_off, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize) in enumerate(raw):
-        name = read_name(source, names_off, names_size, name_off)
+        if table_names is not None:
+            name = table_names.name(name_off)
+        else:
+            name = read_name(source, names_off, names_size, name_off)
         sections.append(Section(index, name, sh_type, offset, size, link, entsize))
     return sections
+
+
+class NameTable:
+    """A string table already in memory: names are found with one search each, no copies of windows."""
+
+    def __init__(self, data: bytes, label: str) -> None:
+        self.data, self.label = data, label
+
+    def name(self, offset: int) -> str:
+        if not 0 <= offset < len(self.data):
+            raise FatbinError(f"{self.label}: name offset {offset} outside its {len(self.data)}-byte string table")
+        end = self.data.find(b"\0", offset, offset + _MAX_NAME)
+        if end < 0:
+            raise FatbinError(f"{self.label}: unterminated name at string table offset {offset}")
+        return self.data[offset:end].decode("utf-8", "replace")
 
 
 def read_name(source: Source, table_off: int, table_size: int, name_off: int) -> str:
@@ -199,7 +224,7 @@ def find_section(sections: list[Section], *names: str) -> Section | None:
 
 def kernel_symbols(source: Source) -> Iterator[str]:
     """Names of CUDA kernels (STT_FUNC with the CUDA entry bit in st_other) in an ELF's .symtab."""
-    sections = read_sections(source)
+    sections = read_sections(source, names=False)
     for symtab in (s for s in sections if s.type == SHT_SYMTAB):
         if symtab.entsize != _SYM.size:
             raise FatbinError(f"{source.label}: symbol entry size {symtab.entsize}, expected {_SYM.size}")
@@ -210,10 +235,10 @@ def kernel_symbols(source: Source) -> Iterator[str]:
         check_range(source, symtab.offset, symtab.size, "symbol table")
         table = source.read(symtab.offset, symtab.size - symtab.size % _SYM.size)
         # One read of the name table (already checked to fit the input), then names from memory.
-        names = BytesSource(source.read(strtab.offset, strtab.size), source.label)
+        names = NameTable(source.read(strtab.offset, strtab.size), source.label)
         for st_name, st_info, st_other, _shndx, _value, _size in _SYM.iter_unpack(table):
             if st_info & 0xF == STT_FUNC and st_other & STO_CUDA_ENTRY:
-                yield read_name(names, 0, strtab.size, st_name)
+                yield names.name(st_name)
 
 
 @contextmanager

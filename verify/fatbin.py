@@ -299,28 +299,25 @@ def decompress(source: elf.Source, entry: FatbinEntry) -> bytes:
     label = f"{source.label} [{entry.arch} at offset {entry.offset}]"
     if entry.codec == "none":
         return raw
-    cap = min(entry.uncompressed_size, max(_MIN_CAP, _MAX_RATIO * entry.compressed_size))
-    if entry.uncompressed_size > cap:
-        raise FatbinError(f"{label}: claims {entry.uncompressed_size} bytes from {entry.compressed_size} compressed")
+    cap = _check_ratio(entry, label)
     data = lz4.decompress_block(raw, cap, label=label) if entry.codec == "lz4" else _zstd(raw, cap, label)
     if len(data) != entry.uncompressed_size:
         raise FatbinError(f"{label}: decompressed to {len(data)} bytes, header says {entry.uncompressed_size}")
     return data
 
 
+def _check_ratio(entry: FatbinEntry, label: str) -> int:
+    cap = min(entry.uncompressed_size, max(_MIN_CAP, _MAX_RATIO * entry.compressed_size))
+    if entry.uncompressed_size > cap:
+        raise FatbinError(f"{label}: claims {entry.uncompressed_size} bytes from {entry.compressed_size} compressed")
+    return cap
+
+
 def _zstd(raw: bytes, cap: int, label: str) -> bytes:
     import zstandard  # a C codec; imported here so header-only listing never needs it
 
-    out = bytearray()
+    # One call into C with a hard output limit: no Python loop over chunks, no growing buffer to copy.
     try:
-        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=False) as reader:
-            while len(out) <= cap:
-                chunk = reader.read(min(1 << 20, cap + 1 - len(out)))
-                if not chunk:
-                    break
-                out += chunk
+        return zstandard.ZstdDecompressor().decompress(raw, max_output_size=cap)
     except zstandard.ZstdError as error:
-        raise FatbinError(f"{label}: ZSTD payload is corrupt: {error}") from error
-    if len(out) > cap:
-        raise FatbinError(f"{label}: ZSTD payload decodes to more than the {cap} bytes allowed")
-    return bytes(out)
+        raise FatbinError(f"{label}: ZSTD payload is corrupt or decodes to more than {cap} bytes: {error}") from error
