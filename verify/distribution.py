@@ -9,7 +9,7 @@ wheel without one (or one not read) is named by the wheel file name (`name-versi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
@@ -21,6 +21,7 @@ _MAX_METADATA = 1 << 20
 class Distribution:
     name: str
     version: str
+    files: frozenset[str] = field(default=frozenset(), compare=False, repr=False)  # RECORD paths
 
     def __str__(self) -> str:
         return f"{self.name} {self.version}"
@@ -32,7 +33,7 @@ def find_distributions(site: Path, import_name: str) -> list[Distribution]:
     found = []
     for info in sorted(site.glob("*.dist-info")):
         if _installs(info, top, import_name) and (dist := _metadata(info)):
-            found.append(dist)
+            found.append(Distribution(dist.name, dist.version, _record(info)))
     return found
 
 
@@ -63,3 +64,11 @@ def _metadata(info: Path) -> Distribution | None:
         headers = HeaderParser().parsestr(file.read(_MAX_METADATA), headersonly=True)
     name, version = headers.get("Name"), headers.get("Version")
     return Distribution(name.strip(), version.strip()) if name and version else None
+
+
+def _record(info: Path) -> frozenset[str]:
+    record = info / "RECORD"
+    if not record.is_file():
+        return frozenset()
+    with record.open(errors="replace") as lines:
+        return frozenset(line.split(",", 1)[0] for line in lines if line.strip())

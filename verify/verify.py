@@ -13,61 +13,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from bwstack.errors import FatbinError, SourceError
+from bwstack.errors import SourceError
 from bwstack.recipes.archs import ARCHS, Arch, parse_arch
 from bwstack.report import Check, Report, Status
 from bwstack.verify import sources
+from bwstack.verify.binaries import Binary, read_binaries
 from bwstack.verify.compat import Runs, best_runs
 from bwstack.verify.coverage import Coverage, coverage
-from bwstack.verify.device_files import is_device_name
 from bwstack.verify.distribution import Distribution, find_distributions, from_wheel_name
 from bwstack.verify.fatbin import FatbinEntry
 from bwstack.verify.loader_probe import LoaderResult, RunningProbe
 from bwstack.verify.static_checks import TORCH_CUDA, find_triton_ptxas, triton_ptxas_check
 
 _HASH = re.compile(r"[0-9a-f]{32,}")
-_FOLD_MIN = 4096  # files at least this big are compared by digest, so copies fold into one row
-
-
-@dataclass(frozen=True)
-class Binary:
-    """One shared object in the source: its entries, or why it could not be read."""
-
-    path: str  # relative to site-packages when inside it (sgl_kernel/sm100/common_ops.abi3.so)
-    entries: tuple[FatbinEntry, ...]
-    error: str | None = None
-    copies: tuple[str, ...] = ()  # other files with the same bytes (sha256), folded into this row
-    files: int = 1  # a folder of bare device files is one row: one container per file
-    kernels_read: bool = False
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        return (self.path, *self.copies)
-
-    @property
-    def is_cuda(self) -> bool:
-        return bool(self.entries) or self.error is not None
-
-    @property
-    def name(self) -> str:
-        return PurePosixPath(self.path).name
-
-    def holds(self) -> str:
-        # A library linked from several objects carries one container per object: name each target once.
-        return ", ".join(dict.fromkeys(e.arch for e in self.entries)) or "no device code"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "copies": list(self.copies),
-            "files": self.files,
-            "error": self.error,
-            "entries": [e.to_dict() for e in self.entries],
-        }
 
 
 def parse_archs(texts: Iterable[str]) -> list[Arch]:
@@ -133,10 +95,11 @@ def verify_tree(
     project = distributions[0].name if distributions else import_name.replace("_", "-")
     subject = f"{tree.label} ({', '.join(map(str, distributions))})" if distributions else tree.label
     report = Report(kind="verify", subject=subject)
+    owned = _owned(tree, import_name, distributions, cuda_binaries)
     _distribution_check(report, import_name, distributions)
     targets = []
     for arch, loader in zip(archs, loaders, strict=True):
-        target = _judge(report, arch, loader, cuda_binaries, import_name, project, options)
+        target = _judge(report, arch, loader, cuda_binaries, import_name, project, options, owned)
         if check := triton_ptxas_check(arch, bundled_ptxas):
             report.add(check)
             target["ok"] = target["ok"] and check.status is not Status.FAIL
@@ -194,70 +157,14 @@ def find_package_root(tree: sources.Tree, import_name: str) -> Path:
     return folders[0].parents[len(parts) - 1]
 
 
-def read_binaries(tree: sources.Tree, package_root: Path, *, kernels: bool) -> list[Binary]:
-    """Every binary of the tree, identical files folded, each folder of bare device files as one row."""
-    groups: dict[str, list[str]] = {}
-    singles: list[str] = []
-    for relative in tree.binaries:
-        if is_device_name(relative):
-            groups.setdefault(PurePosixPath(relative).parent.as_posix(), []).append(relative)
-        else:
-            singles.append(relative)
-    for folder, members in list(groups.items()):
-        if len(members) == 1:
-            singles.extend(groups.pop(folder))
-    copies = _identical(tree, sorted(singles))
-    binaries = [
-        _read(tree, relative, package_root, kernels, copies.get(relative, ()))
-        for relative in sorted(singles)
-        if relative not in copies.get("", ())
-    ]
-    binaries += [_read_folder(tree, folder, members, package_root, kernels) for folder, members in groups.items()]
-    return sorted(binaries, key=lambda b: b.path)
-
-
-def _identical(tree: sources.Tree, files: list[str]) -> dict[str, tuple[str, ...]]:
-    """{first path: its copies}, plus "" -> every copy; only same-sized files are hashed."""
-    by_size: dict[int, list[str]] = {}
-    for relative in files:
-        size = tree.size(relative)
-        if size >= _FOLD_MIN:
-            by_size.setdefault(size, []).append(relative)
-    folded: dict[str, tuple[str, ...]] = {"": ()}
-    for same_size in (group for group in by_size.values() if len(group) > 1):
-        by_digest: dict[str, list[str]] = {}
-        for relative in same_size:
-            by_digest.setdefault(tree.digest(relative), []).append(relative)
-        for first, *rest in (sorted(g, key=lambda p: (len(p), p)) for g in by_digest.values() if len(g) > 1):
-            folded[first] = tuple(rest)
-            folded[""] += tuple(rest)
-    return folded
-
-
-def _shown(tree: sources.Tree, relative: str, package_root: Path) -> str:
-    absolute = tree.root / relative
-    return absolute.relative_to(package_root).as_posix() if absolute.is_relative_to(package_root) else relative
-
-
-def _read(tree: sources.Tree, relative: str, package_root: Path, kernels: bool, copies: tuple[str, ...]) -> Binary:
-    shown = _shown(tree, relative, package_root)
-    others = tuple(_shown(tree, c, package_root) for c in copies)
-    try:
-        return Binary(shown, tuple(tree.read(relative, kernels=kernels)), copies=others, kernels_read=kernels)
-    except FatbinError as error:
-        return Binary(shown, (), error.one_line(), copies=others)
-
-
-def _read_folder(tree: sources.Tree, folder: str, members: list[str], package_root: Path, kernels: bool) -> Binary:
-    suffixes = {PurePosixPath(m).suffix for m in members}
-    shown = _shown(tree, folder, package_root) + "/*" + (suffixes.pop() if len(suffixes) == 1 else "")
-    entries: list[FatbinEntry] = []
-    for index, relative in enumerate(members):
-        try:
-            entries += [replace(e, container=index) for e in tree.read(relative, kernels=kernels)]
-        except FatbinError as error:
-            return Binary(shown, (), error.one_line(), files=len(members))
-    return Binary(shown, tuple(entries), files=len(members), kernels_read=kernels)
+def _owned(tree: sources.Tree, import_name: str, found: list[Distribution], binaries: list[Binary]) -> set[str]:
+    """Paths of the binaries the package itself ships: all of a wheel; in a folder or image, those under
+    its own folder or listed in its distribution's RECORD (not torch's or another package's)."""
+    if tree.label.endswith(".whl"):
+        return {b.path for b in binaries}
+    prefix = import_name.replace(".", "/") + "/"
+    record = frozenset().union(*(d.files for d in found))
+    return {b.path for b in binaries if any(p.startswith(prefix) or p in record for p in b.paths)}
 
 
 def _distributions(tree: sources.Tree, package_root: Path, import_name: str) -> list[Distribution]:
@@ -316,6 +223,7 @@ def _judge(
     import_name: str,
     project: str,
     options: Options,
+    owned: set[str],
 ) -> dict[str, Any]:
     """Add this arch's checks to the report and return its `targets[]` record."""
     selected = next((b for b in cuda_binaries if loader.selected in b.paths), None) if loader.selected else None
@@ -330,13 +238,13 @@ def _judge(
     if conservative:
         rule = (
             f"conservative rule: every CUDA binary {import_name} ships must run here"
-            if cuda_binaries
+            if owned
             else f"{import_name} ships no CUDA device code, so nothing of it has to run here"
         )
         report.add(
             Check(
                 check_name,
-                Status.WARN if cuda_binaries else Status.PASS,
+                Status.WARN if owned else Status.PASS,
                 f"CC {arch.cc_str}: loader: not probed ({reason}); {rule}",
                 evidence,
                 remedy="nothing to do if the package loads its binaries on first use; otherwise --require the one "
@@ -360,7 +268,7 @@ def _judge(
         is_selected = binary is selected
         required = (
             is_selected
-            or conservative
+            or (conservative and binary.path in owned)
             or any(_matches(binary, name) for name in options.require)
             or any(p.endswith(TORCH_CUDA) for p in binary.paths)
         )

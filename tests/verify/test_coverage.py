@@ -196,3 +196,20 @@ def test_wheel_with_device_files_streams_them(tmp_path: Path) -> None:
     (row,) = data["binaries"]
     assert row["files"] == 5
     assert data["distributions"] == [{"name": "kpkg", "version": "1.0"}]
+
+
+def test_conservative_rule_covers_only_the_packages_own_binaries(tmp_path: Path) -> None:
+    """Not probed: kpkg's binaries must run; another package's library in the same site-packages only warns."""
+    root = tmp_path / "site"
+    (root / "kpkg").mkdir(parents=True)
+    (root / "kpkg" / "__init__.py").write_text("")
+    shutil.copy(FIXTURES / "cuda" / "bin" / "sm90a.so", root / "kpkg" / "_ops.so")
+    (root / "other").mkdir()
+    shutil.copy(FIXTURES / "cuda" / "bin" / "sm80.so", root / "other" / "libother.so")
+    data = verdict(root, "sm120", import_name="kpkg")
+    assert check_status(data, "sm120 kpkg/_ops.so") == "fail"
+    assert check_status(data, "sm120 other/libother.so") == "warn"
+
+
+def check_status(data: dict, name: str) -> str:
+    return next(c["status"] for c in data["checks"] if c["name"] == name)
