@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fatbin import CACHE, REPO, find_cuobjdump, measure, reader_env  # noqa: E402
+from bench_fatbin import CACHE, REPO, find_cuobjdump, measure, reader_env
 
 TARGET_SPEEDUP = 4.0  # issue 10: at least 4x faster than cuobjdump -symbols ...
 TARGET_PEAK_MB = 100.0  # ... at no more than 100 MB peak
