@@ -32,7 +32,7 @@ _TK_ARCH = re.compile(rb"-arch[ =]+sm_(\d{2,3})([af]?)\b")
 _PTX_TARGET = re.compile(rb"^\s*\.target\s+sm_(\d{2,3})([af]?)", re.MULTILINE)
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$%]*)")
 _PTX_HEAD = 1 << 16  # `.target` sits in the first lines of a PTX file
-_MAX_PTX = 256 << 20  # kernel names of a PTX file are read from at most this much text
+_PTX_CHUNK = 4 << 20  # PTX text is scanned in pieces this big, cut at line ends: memory stays flat
 
 
 def is_device_name(name: str) -> bool:
@@ -99,7 +99,21 @@ def _cubin_entry(source: elf.Source, header: elf.ElfHeader, kernels: bool) -> Fa
 def _ptx_entry(source: elf.Source, target: re.Match[bytes], kernels: bool) -> FatbinEntry:
     names: tuple[str, ...] = ()
     if kernels:
-        text = source.read(0, min(source.size, _MAX_PTX))
-        names = tuple(m.group(1).decode("ascii", "replace") for m in _PTX_ENTRY.finditer(text))
+        names = tuple(_ptx_entries(source))
     suffix = target.group(2).decode()
     return FatbinEntry("ptx", int(target.group(1)), suffix, "none", source.size, source.size, source.size, 0, "", names)  # type: ignore[arg-type]
+
+
+def _ptx_entries(source: elf.Source) -> list[str]:
+    """`.entry` names of a PTX text of any size, read in line-aligned chunks."""
+    names: list[str] = []
+    pos, carry = 0, b""
+    while pos < source.size:
+        chunk = carry + source.read(pos, min(_PTX_CHUNK, source.size - pos))
+        pos += len(chunk) - len(carry)
+        cut = chunk.rfind(b"\n") + 1 if pos < source.size else len(chunk)
+        if cut == 0 and len(chunk) > _PTX_CHUNK:
+            cut = len(chunk)  # a line longer than a chunk: no name is that long, cut anywhere
+        names += (m.group(1).decode("ascii", "replace") for m in _PTX_ENTRY.finditer(chunk[:cut]))
+        carry = chunk[cut:]
+    return names

@@ -213,3 +213,14 @@ def test_conservative_rule_covers_only_the_packages_own_binaries(tmp_path: Path)
 
 def check_status(data: dict, name: str) -> str:
     return next(c["status"] for c in data["checks"] if c["name"] == name)
+
+
+def test_ptx_kernel_names_survive_chunked_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PTX file is scanned in line-aligned pieces (bounded memory); tiny pieces find the same names."""
+    from bwstack.verify import device_files
+
+    path = FIXTURES / "cuda" / "device" / "kernels.compute_120.ptx"
+    whole = read_device_file(path, kernels=True)[0].kernels
+    monkeypatch.setattr(device_files, "_PTX_CHUNK", 37)
+    assert read_device_file(path, kernels=True)[0].kernels == whole
+    assert set(whole) == set(MANIFEST["device_files_kernels"])
