@@ -94,7 +94,7 @@ _TEXT_SUFFIXES = frozenset(
         ".def",
     ]
 )
-_SMALL_MEMBER = 16 << 20  # members up to this size (cubins, PTX) are read into memory whole
+_SMALL_MEMBER = 4 << 20  # members up to this size (cubins, small PTX) are read into memory whole
 
 
 def safe_member_name(name: str) -> PurePosixPath | None:
