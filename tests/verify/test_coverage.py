@@ -224,3 +224,23 @@ def test_ptx_kernel_names_survive_chunked_reading(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(device_files, "_PTX_CHUNK", 37)
     assert read_device_file(path, kernels=True)[0].kernels == whole
     assert set(whole) == set(MANIFEST["device_files_kernels"])
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        ("broken.cubin", lambda data: data[:100]),  # a CUDA ELF cut inside its header tables
+        ("junk.cubin", lambda data: b"\x7fELF" + b"\xff" * 200),  # ELF magic, garbage after
+        ("junk.fatbin", lambda data: (0xBA55ED50).to_bytes(4, "little") + b"\xff" * 60),  # fatbin magic, garbage
+    ],
+)
+def test_damaged_device_file_is_a_reported_error_not_a_crash(tmp_path: Path, name: str, damage) -> None:  # noqa: ANN001
+    root = tmp_path / "site"
+    (root / "kpkg").mkdir(parents=True)
+    (root / "kpkg" / "__init__.py").write_text("")
+    good = (FIXTURES / "cuda" / "device" / "kernels.sm_120a.cubin").read_bytes()
+    (root / "kpkg" / name).write_bytes(damage(good))
+    data = verdict(root, "sm120", import_name="kpkg")
+    (row,) = data["binaries"]
+    assert row["error"], row
+    assert check_status(data, f"sm120 kpkg/{name}") == "fail"  # the package's own binary, not probed
