@@ -235,7 +235,7 @@ def test_ptx_kernel_names_survive_chunked_reading(monkeypatch: pytest.MonkeyPatc
         ("junk.fatbin", lambda data: (0xBA55ED50).to_bytes(4, "little") + b"\xff" * 60),  # fatbin magic, garbage
     ],
 )
-def test_damaged_device_file_is_a_reported_error_not_a_crash(tmp_path: Path, name: str, damage: Callable[[bytes], bytes]) -> None:
+def test_damaged_device_file_is_a_reported_error(tmp_path: Path, name: str, damage: Callable[[bytes], bytes]) -> None:
     root = tmp_path / "site"
     (root / "kpkg").mkdir(parents=True)
     (root / "kpkg" / "__init__.py").write_text("")
