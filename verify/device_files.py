@@ -50,7 +50,7 @@ def read_device_entries(source: elf.Source, *, kernels: bool = False) -> list[Fa
         return fatbin.read_source_entries(source, kernels=kernels)
     if len(head) >= 4 and int.from_bytes(head[:4], "little") == CONTAINER_MAGIC:
         entries = fatbin.walk(source, 0, source.size)
-        entries = [fatbin.with_kernels(source, e) for e in entries] if kernels else entries
+        entries = fatbin.with_kernels_all(source, entries) if kernels else entries
         return fatbin.mark_kernel_free(source, entries, kernels_read=kernels)
     ptx = source.read(0, min(source.size, _PTX_HEAD))
     if b".version" in ptx and (target := _PTX_TARGET.search(ptx)):

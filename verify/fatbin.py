@@ -22,12 +22,13 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from bwstack.errors import FatbinError
-from bwstack.verify import elf, lz4
+from bwstack.verify import cubin_symbols, elf, lz4
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")  # cuobjdump's default preference
 CONTAINER_MAGIC = 0xBA55ED50
@@ -137,8 +138,25 @@ def read_source_entries(source: elf.Source, *, kernels: bool = False) -> list[Fa
     elf.check_range(source, section.offset, section.size, f"section {section.name}")
     entries = list(walk(source, section.offset, section.offset + section.size))
     if kernels:
-        entries = [with_kernels(source, entry) for entry in entries]
+        entries = with_kernels_all(source, entries)
     return mark_kernel_free(source, entries, kernels_read=kernels)
+
+
+_DECODERS = 2  # compressed cubins decoded at once: the codecs release the GIL; memory stays ~2 x PREFIX
+
+
+def with_kernels_all(source: elf.Source, entries: list[FatbinEntry]) -> list[FatbinEntry]:
+    """with_kernels for every entry; compressed cubins in a small thread pool, in file order."""
+    packed = [i for i, e in enumerate(entries) if e.codec != "none"]
+    if len(packed) < 2:
+        return [with_kernels(source, e) for e in entries]
+    # Compressed cubins decode in the pool while this thread reads the stored ones (Python, GIL-bound).
+    with ThreadPoolExecutor(_DECODERS) as pool:
+        pending = pool.map(lambda i: with_kernels(source, entries[i]), packed)
+        done = [with_kernels(source, e) if e.codec == "none" else e for e in entries]
+        for index, entry in zip(packed, pending, strict=True):
+            done[index] = entry
+    return done
 
 
 FIRST_CUBIN = 64 << 10  # stream_capture.py keeps a container's first cubin whole up to this size
@@ -151,18 +169,20 @@ def mark_kernel_free(source: elf.Source, entries: list[FatbinEntry], *, kernels_
     cubin bigger than FIRST_CUBIN is taken to hold kernels (stubs are a few KB).
     """
     free: set[int] = set()
-    first: dict[int, FatbinEntry] = {}
+    groups: dict[int, list[FatbinEntry]] = {}
     for entry in entries:
-        if entry.kind == "sass":
-            first.setdefault(entry.container, entry)
-    for container, cubin in first.items():
+        groups.setdefault(entry.container, []).append(entry)
+    for container, group in groups.items():
+        cubin = next((e for e in group if e.kind == "sass"), None)
+        if cubin is None or any(e.kind != "sass" for e in group):
+            continue
         if kernels_read:
-            empty = not any(e.kernels for e in entries if e.container == container)
+            empty = not any(e.kernels for e in group)
         elif cubin.compressed_size <= FIRST_CUBIN:
             empty = not with_kernels(source, cubin).kernels
         else:
             empty = False
-        if empty and not any(e.kind != "sass" for e in entries if e.container == container):
+        if empty:
             free.add(container)
     return [replace(e, kernel_free=True) if e.container in free else e for e in entries]
 
@@ -284,6 +304,14 @@ def with_kernels(source: elf.Source, entry: FatbinEntry) -> FatbinEntry:
         header_size = _ENTRY.unpack(source.read(entry.offset, _ENTRY.size))[2]
         view = elf.SliceSource(source, entry.offset + header_size, entry.compressed_size, label)
         return replace(entry, kernels=tuple(elf.kernel_symbols(view)))
+    if entry.kind == "sass" and entry.codec == "zstd":
+        _check_ratio(entry, label)
+        header_size = _ENTRY.unpack(source.read(entry.offset, _ENTRY.size))[2]
+        found = cubin_symbols.zstd_kernels(
+            source, entry.offset + header_size, entry.compressed_size, entry.uncompressed_size, label
+        )
+        if found is not None:
+            return replace(entry, kernels=found)
     data = decompress(source, entry)
     if entry.kind == "ptx":
         names = tuple(m.group(1).decode("ascii", "replace") for m in _PTX_ENTRY.finditer(data))
