@@ -246,3 +246,23 @@ def test_lz4_extended_lengths() -> None:
 def test_lz4_rejects_malformed_blocks(block: bytes, limit: int, message: str) -> None:
     with pytest.raises(FatbinError, match=message):
         lz4.decompress_block(block, limit)
+
+
+def test_zstd_cubin_tables_past_the_kept_prefix_fall_back_to_a_full_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streamed shortcut keeps a prefix; when the symbol tables lie past it, the answer is unchanged."""
+    from bwstack.verify import cubin_symbols
+
+    path = FIXTURES / "cuda/bin/compress_size.so"  # ZSTD cubins
+    streamed = [e.kernels for e in read_entries(path, kernels=True)]
+    calls: list[object] = []
+    real = cubin_symbols.zstd_kernels
+
+    def spy(*args: object) -> object:
+        calls.append(found := real(*args))
+        return found
+
+    monkeypatch.setattr(cubin_symbols, "PREFIX", 128)
+    monkeypatch.setattr(cubin_symbols, "zstd_kernels", spy)
+    assert [e.kernels for e in read_entries(path, kernels=True)] == streamed
+    assert calls and all(found is None for found in calls)  # every cubin took the fallback
+    assert set().union(*streamed) == set(ROWS["cuda/bin/compress_size.so"]["kernels"])
