@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bwstack.recipes.archs import parse_arch
-from bwstack.verify import elf, sources
+from bwstack.verify import elf, sources, stream_capture
 from bwstack.verify.device_files import cubin_target, read_device_file
 from bwstack.verify.fatbin import read_entries
 from bwstack.verify.verify import verify_tree
@@ -245,3 +245,26 @@ def test_damaged_device_file_is_a_reported_error(tmp_path: Path, name: str, dama
     (row,) = data["binaries"]
     assert row["error"], row
     assert check_status(data, f"sm120 kpkg/{name}") == "fail"  # the package's own binary, not probed
+
+
+def test_streamed_wheel_member_keeps_what_the_kernel_free_test_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the single-pass capture (no full copy), the two-unit library gets the folder's verdict."""
+    wheel = tmp_path / "sglang_kernel-0.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package("partial").rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.write(path, path.relative_to(package("partial")).as_posix())
+    folder = verdict(package("partial"), "sm120")
+    monkeypatch.setattr(sources, "_SMALL_MEMBER", 0)  # every member takes the streamed path
+    monkeypatch.setattr(stream_capture, "TAIL", 4096)  # only the section table: cubins come from the windows
+
+    def no_copy(*args: object, **kwargs: object) -> object:
+        raise AssertionError("fell back to a full copy")
+
+    monkeypatch.setattr(sources, "read_device_file", no_copy)
+    with sources.open_wheel(wheel) as tree:
+        streamed = verify_tree(tree, [parse_arch("sm120")]).to_dict()
+    assert streamed["targets"][0]["binaries"] == folder["targets"][0]["binaries"]
+    assert loader_check(streamed)["status"] == "fail"
