@@ -268,3 +268,16 @@ def test_streamed_wheel_member_keeps_what_the_kernel_free_test_reads(
         streamed = verify_tree(tree, [parse_arch("sm120")]).to_dict()
     assert streamed["targets"][0]["binaries"] == folder["targets"][0]["binaries"]
     assert loader_check(streamed)["status"] == "fail"
+
+
+def test_torch_without_code_for_the_gpu_fails_even_when_the_package_passes(tmp_path: Path) -> None:
+    """A site-packages whose torch/lib/libtorch_cuda.so has no code for 12.0: every op would fail."""
+    root = tmp_path / "site"
+    shutil.copytree(package("good"), root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "torch" / "lib").mkdir(parents=True)
+    shutil.copy(FIXTURES / "cuda" / "bin" / "sm90a.so", root / "torch" / "lib" / "libtorch_cuda.so")
+    data = verdict(root, "sm120")
+    assert loader_check(data)["status"] == "pass"  # sgl_kernel's own pick runs via sm_120a
+    torch = next(c for c in data["checks"] if c["name"] == "sm120 torch/lib/libtorch_cuda.so")
+    assert torch["status"] == "fail" and "has no code that runs here (holds sm_90a)" in torch["finding"]
+    assert data["ok"] is False
