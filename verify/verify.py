@@ -330,7 +330,14 @@ def _binary_check(
             failing,
             f"CC {arch.cc_str}: {picked} has no code that runs here (holds {binary.holds()})",
             evidence,
-            remedy=_remedy(arch, project) if required else "not required; --require it to make this fail",
+            remedy=(
+                f"install a torch build whose CUDA arch list covers {arch.cc_str} (TORCH_CUDA_ARCH_LIST "
+                f"{arch.torch_arch}): torch fails every op on this GPU"
+                if any(p.endswith(TORCH_CUDA) for p in binary.paths)
+                else _remedy(arch, project)
+                if required
+                else "not required; --require it to make this fail"
+            ),
         )
     how = {
         Runs.SASS: "exact SASS" if via and via.cc == arch.cc else "same-major SASS",

@@ -280,4 +280,5 @@ def test_torch_without_code_for_the_gpu_fails_even_when_the_package_passes(tmp_p
     assert loader_check(data)["status"] == "pass"  # sgl_kernel's own pick runs via sm_120a
     torch = next(c for c in data["checks"] if c["name"] == "sm120 torch/lib/libtorch_cuda.so")
     assert torch["status"] == "fail" and "has no code that runs here (holds sm_90a)" in torch["finding"]
+    assert torch["remedy"].startswith("install a torch build whose CUDA arch list covers 12.0")
     assert data["ok"] is False
