@@ -21,6 +21,7 @@ from bwstack.inputs import number
         "loader picks",
         "allow_missing": "kernel-name glob (repeatable): containers with no code for a GPU only warn when all their "
         "kernels match, e.g. '*sm100*' for arch-specific kernels that are absent by design (reads kernel names)",
+        "cuda": "the CUDA version (major.minor) the stack was built for: checks the CUDA runtime in the source",
         "json": "write the report as JSON to this file",
         "junit": "write the report as JUnit XML to this file",
         "timeout": "seconds the package's loader may take per arch before it counts as hung (default 30)",
@@ -38,6 +39,7 @@ def verify(
     kernels: bool = False,
     allow_partial: bool = False,
     allow_missing: list[str] | None = None,
+    cuda: str | None = None,
     json: str | None = None,
     junit: str | None = None,
     timeout: str = "30",
@@ -55,6 +57,7 @@ def verify(
             kernels=kernels,
             allow_partial=allow_partial,
             allow_missing=allow_missing or [],
+            cuda=cuda,
             probe_timeout=number("--timeout", timeout, float, minimum=1),
         )
     finish(report, json=json, junit=junit)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import shutil
 import tarfile
 import tempfile
@@ -94,6 +95,7 @@ _TEXT_SUFFIXES = frozenset(
         ".def",
     ]
 )
+CUDA_RUNTIME = re.compile(r"libcudart\.so\.\d+\.\d+\.\d+")
 _SMALL_MEMBER = 4 << 20  # members up to this size (cubins, small PTX) are read into memory whole
 
 
@@ -244,6 +246,8 @@ def open_image(ref: str, *, import_name: str, client: object | None = None) -> I
 
 
 def _wanted(name: PurePosixPath, import_name: str) -> bool:
+    if CUDA_RUNTIME.fullmatch(name.name):
+        return True  # the CUDA runtime, wherever it is (its fully versioned file; the shorter names are links)
     parts = name.parts
     if import_name in parts[:-1]:
         return True  # the package's own files: loader, __init__, binaries

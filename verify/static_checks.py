@@ -8,6 +8,8 @@
   TRITON_<TOOL>_PATH overrides).
 - torch's own libtorch_cuda.so must hold code for the GPU: a torch without it fails every op, so
   verify treats it as required whenever it is in the source (verify.py).
+- The CUDA runtime in the source (libcudart.so.M.m.p, by file name) must be the major the stack was
+  built for (`--cuda`, a recipe's CUDA): binaries link libcudart.so.M and do not load without it.
 """
 
 from __future__ import annotations
@@ -112,3 +114,47 @@ def triton_ptxas_check(arch: Arch, bundled: dict[str, Ptxas]) -> Check | None:
         f"needs >= {needs})",
         evidence,
     )
+
+
+_RUNTIME = re.compile(r"libcudart\.so\.(\d+)(?:\.(\d+))?(?:\.\d+)*")
+
+
+def cuda_runtime_check(files: Sequence[str], cuda: Version | None) -> Check | None:
+    """The CUDA runtimes (libcudart.so.M[.m.p]) in the source against the CUDA the stack was built for.
+
+    Binaries built with CUDA M link libcudart.so.M: without a runtime of that major they do not load;
+    an older minor of the same major may lack what they call."""
+    found: dict[str, tuple[int, int | None]] = {}
+    for relative in files:
+        if match := _RUNTIME.fullmatch(PurePosixPath(relative).name):
+            found[relative] = (int(match.group(1)), int(match.group(2)) if match.group(2) else None)
+    if cuda is None:
+        return None
+    evidence = {"runtimes": found, "cuda": str(cuda)}
+    if not found:
+        no_runtime = f"no CUDA runtime (libcudart.so.*) in the source to compare with CUDA {cuda}"
+        return Check("cuda runtime", Status.WARN, no_runtime, evidence)
+    listed = ", ".join(f"{path} ({_dotted(major, minor)})" for path, (major, minor) in found.items())
+    same_major = [minor for major, minor in found.values() if major == cuda.major]
+    if not same_major:
+        return Check(
+            "cuda runtime",
+            Status.FAIL,
+            f"built for CUDA {cuda}, but the only CUDA runtime here is {listed}: binaries linked against "
+            f"libcudart.so.{cuda.major} do not load",
+            evidence,
+            remedy=f"use a base image with the CUDA {cuda.major}.x runtime, or build the recipe with this image's CUDA",
+        )
+    if all(minor is not None and minor < cuda.minor for minor in same_major):
+        return Check(
+            "cuda runtime",
+            Status.WARN,
+            f"built for CUDA {cuda}, but the CUDA runtime here is older: {listed}",
+            evidence,
+            remedy=f"use a CUDA >= {cuda} runtime; calls added after the older minor fail",
+        )
+    return Check("cuda runtime", Status.PASS, f"built for CUDA {cuda}; CUDA runtime here: {listed}", evidence)
+
+
+def _dotted(major: int, minor: int | None) -> str:
+    return str(major) if minor is None else f"{major}.{minor}"

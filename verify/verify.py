@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from bwstack.errors import SourceError
 from bwstack.recipes.archs import ARCHS, Arch, parse_arch
 from bwstack.report import Check, Report, Status
@@ -27,7 +29,7 @@ from bwstack.verify.coverage import Coverage, coverage
 from bwstack.verify.distribution import Distribution, find_distributions, from_wheel_name
 from bwstack.verify.fatbin import FatbinEntry
 from bwstack.verify.loader_probe import LoaderResult, RunningProbe
-from bwstack.verify.static_checks import TORCH_CUDA, find_triton_ptxas, triton_ptxas_check
+from bwstack.verify.static_checks import TORCH_CUDA, cuda_runtime_check, find_triton_ptxas, triton_ptxas_check
 
 _HASH = re.compile(r"[0-9a-f]{32,}")
 
@@ -78,6 +80,7 @@ def verify_tree(
     probe_timeout: float = 30.0,
     allow_partial: bool = False,
     allow_missing: Sequence[str] = (),
+    cuda: str | None = None,
 ) -> Report:
     options = Options(tuple(require), allow_partial, tuple(allow_missing))
     package_root = find_package_root(tree, import_name)
@@ -105,6 +108,8 @@ def verify_tree(
             target["ok"] = target["ok"] and check.status is not Status.FAIL
             target["triton_ptxas"] = check.evidence
         targets.append(target)
+    if runtime := cuda_runtime_check(tree.binaries, _cuda_version(cuda)):
+        report.add(runtime)
     unmatched = [name for name in options.require if not any(_matches(b, name) for b in cuda_binaries)]
     for name in unmatched:
         report.add(
@@ -135,6 +140,18 @@ def verify_tree(
         "refused": tree.refused,
     }
     return report
+
+
+def _cuda_version(text: str | None) -> Version | None:
+    if not text:
+        return None
+    try:
+        version = Version(text)
+    except InvalidVersion:
+        raise SourceError(f"--cuda {text!r} is not a CUDA version", remedy="e.g. --cuda 13.0") from None
+    if len(version.release) < 2:
+        raise SourceError(f"--cuda {text!r}: give major.minor", remedy="e.g. --cuda 13.0")
+    return version
 
 
 def find_package_root(tree: sources.Tree, import_name: str) -> Path:

@@ -11,7 +11,7 @@ import json
 import shutil
 import zipfile
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -282,3 +282,29 @@ def test_torch_without_code_for_the_gpu_fails_even_when_the_package_passes(tmp_p
     assert torch["status"] == "fail" and "has no code that runs here (holds sm_90a)" in torch["finding"]
     assert torch["remedy"].startswith("install a torch build whose CUDA arch list covers 12.0")
     assert data["ok"] is False
+
+
+@pytest.mark.parametrize(
+    ("runtime", "cuda", "status"),
+    [
+        ("usr/local/cuda-12.8/lib64/libcudart.so.12.8.90", "13.0", "fail"),
+        ("usr/local/cuda-13.0/lib64/libcudart.so.13.0.96", "13.0", "pass"),
+        ("usr/local/cuda-13.0/lib64/libcudart.so.13.0.96", "13.1", "warn"),
+        ("site-packages/nvidia/cu13/lib/libcudart.so.13", "13.0", "pass"),
+    ],
+)
+def test_cuda_runtime_against_the_builds_cuda(tmp_path: Path, runtime: str, cuda: str, status: str) -> None:
+    root = tmp_path / "image"
+    shutil.copytree(package("good"), root / "site-packages", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / runtime).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURES / "cuda" / "bin" / "host_only.so", root / runtime)
+    data = verdict(root, "sm120", cuda=cuda)
+    assert check_status(data, "cuda runtime") == status
+    assert sources._wanted(PurePosixPath(runtime), "sgl_kernel")  # an image export keeps it too
+    assert not any(c["name"] == "cuda runtime" for c in verdict(root, "sm120")["checks"])  # no --cuda: no check
+
+
+def test_cli_cuda_must_be_a_version() -> None:
+    result = invoke("verify", "--path", str(package("good")), "--arch", "sm120", "--cuda", "thirteen")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "--cuda" in result.stderr
