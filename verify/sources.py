@@ -16,7 +16,9 @@ can be probed) and the CUDA binaries to read. Choices, and why:
 
 from __future__ import annotations
 
+import hashlib
 import io
+import re
 import shutil
 import tarfile
 import tempfile
@@ -25,10 +27,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from bwstack.docker_engine import connect, first_line
 from bwstack.errors import DockerError, FatbinError, SourceError
-from bwstack.verify.fatbin import FatbinEntry, read_entries, read_source_entries
+from bwstack.verify import elf
+from bwstack.verify.device_files import is_device_name, read_device_entries, read_device_file
+from bwstack.verify.fatbin import FatbinEntry
 from bwstack.verify.stream_capture import WindowMiss, capture
 
 _CHUNK = 1 << 20
@@ -38,6 +43,60 @@ _SHARED_OBJECT_SUFFIXES = (".so",)
 def is_shared_object(name: str) -> bool:
     base = PurePosixPath(name).name
     return base.endswith(_SHARED_OBJECT_SUFFIXES) or ".so." in base
+
+
+def is_binary_candidate(name: str) -> bool:
+    """Read by name: shared objects and device-code files (.cubin, .fatbin, .ptx)."""
+    return is_shared_object(name) or is_device_name(name)
+
+
+def might_be_elf(name: str, size: int) -> bool:
+    """Worth reading 4 bytes to see if it is an ELF (an executable, an object file): no text suffix."""
+    return size >= 64 and PurePosixPath(name).suffix not in _TEXT_SUFFIXES and not is_binary_candidate(name)
+
+
+_TEXT_SUFFIXES = frozenset(
+    [
+        ".py",
+        ".pyi",
+        ".pyc",
+        ".pth",
+        ".json",
+        ".txt",
+        ".md",
+        ".rst",
+        ".h",
+        ".hpp",
+        ".cuh",
+        ".cu",
+        ".c",
+        ".cc",
+        ".cpp",
+        ".inc",
+        ".toml",
+        ".cfg",
+        ".ini",
+        ".yaml",
+        ".yml",
+        ".lock",
+        ".typed",
+        ".html",
+        ".css",
+        ".js",
+        ".csv",
+        ".sh",
+        ".cmake",
+        ".in",
+        ".jinja",
+        ".j2",
+        ".pxd",
+        ".pyx",
+        ".proto",
+        ".def",
+    ]
+)
+CUDA_RUNTIME = re.compile(r"libcudart\.so\.\d+\.\d+\.\d+")
+_SMALL_MEMBER = 4 << 20  # members up to this size (cubins, small PTX) are read into memory whole
 
 
 def safe_member_name(name: str) -> PurePosixPath | None:
@@ -60,16 +119,22 @@ class Tree:
     _wheel: zipfile.ZipFile | None = None
 
     def read(self, relative: str, *, kernels: bool = False) -> list[FatbinEntry]:
-        """The fatbin entries of one binary in the tree (FatbinError for a malformed one)."""
+        """The device code entries of one file in the tree (FatbinError for a malformed one)."""
         if self._wheel is None:
-            return read_entries(self.root / relative, kernels=kernels)
+            return read_device_file(self.root / relative, kernels=kernels)
         label = f"{self.label}!{relative}"
+        if self._wheel.getinfo(relative).file_size <= _SMALL_MEMBER:
+            try:
+                data = self._wheel.read(relative)
+            except (zipfile.BadZipFile, OSError, EOFError) as error:
+                raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
+            return read_device_entries(elf.BytesSource(data, label), kernels=kernels)
         if not kernels:
             # One decompressing pass keeping only the header windows; rare layouts fall back to a copy.
             try:
                 with self._wheel.open(relative) as member:
                     source = capture(member, self._wheel.getinfo(relative).file_size, label)
-                return read_source_entries(source)
+                return read_device_entries(source)
             except WindowMiss:
                 pass
             except (zipfile.BadZipFile, OSError, EOFError) as error:
@@ -81,13 +146,30 @@ class Tree:
             except (zipfile.BadZipFile, OSError, EOFError) as error:
                 raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
             copy.flush()
-            return read_entries(Path(copy.name), kernels=kernels)
+            return read_device_file(Path(copy.name), kernels=kernels)
+
+    def digest(self, relative: str) -> str:
+        """sha256 of one file's bytes, streamed (to fold identical copies into one report row)."""
+        sha = hashlib.sha256()
+        with self.open(relative) as stream:
+            while chunk := stream.read(_CHUNK):
+                sha.update(chunk)
+        return sha.hexdigest()
+
+    def open(self, relative: str) -> BinaryIO:
+        """One file's bytes as a stream (a wheel member is decompressed as it is read)."""
+        return self._wheel.open(relative) if self._wheel else (self.root / relative).open("rb")
+
+    def size(self, relative: str) -> int:
+        return self._wheel.getinfo(relative).file_size if self._wheel else (self.root / relative).stat().st_size
 
 
 def _scan_binaries(root: Path) -> list[str]:
     found = []
     for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink() and is_shared_object(path.name):
+        if not path.is_file() or path.is_symlink():
+            continue
+        if is_binary_candidate(path.name) or (might_be_elf(path.name, path.stat().st_size) and _elf_head(path)):
             found.append(path.relative_to(root).as_posix())
     return sorted(found)
 
@@ -122,7 +204,9 @@ def open_wheel(wheel: Path) -> Iterator[Tree]:
             target = root / name
             wanted = name.suffix in (".py", ".pth", ".json", ".txt") or name.parent.name.endswith(".dist-info")
             try:
-                if is_shared_object(name.name):
+                if is_binary_candidate(name.name) or (
+                    might_be_elf(name.name, info.file_size) and _member_is_elf(archive, info)
+                ):
                     # A placeholder, so the loader probe sees the file exist; its bytes are streamed on read().
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.touch()
@@ -165,12 +249,19 @@ def open_image(
 
 
 def _wanted(name: PurePosixPath, import_name: str, also: tuple[str, ...] = ()) -> bool:
+    if CUDA_RUNTIME.fullmatch(name.name):
+        return True  # the CUDA runtime, wherever it is (its fully versioned file; the shorter names are links)
     parts = name.parts
     if import_name in parts[:-1]:
         return True  # the package's own files: loader, __init__, binaries
     if also and name.as_posix().endswith(also):
-        return True
-    return is_shared_object(name.name) and any(p in ("site-packages", "dist-packages") for p in parts)
+        return True  # files a caller asked for by their path's end (advise: the image's CUDA ptxas)
+    if not any(p in ("site-packages", "dist-packages") for p in parts):
+        return False
+    # Device code anywhere in site-packages, the dist-info that names distributions, Triton's own ptxas.
+    if name.parent.name.endswith(".dist-info"):
+        return name.name in ("METADATA", "RECORD", "top_level.txt")
+    return is_binary_candidate(name.name) or name.parent.name == "bin"
 
 
 def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str, also: tuple[str, ...] = ()) -> list[str]:
@@ -198,6 +289,16 @@ def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str, also:
             except (FileExistsError, NotADirectoryError, IsADirectoryError):
                 refused.append(f"{member.name} (clashes with another member: a file and a folder of one name)")
     return refused
+
+
+def _elf_head(path: Path) -> bool:
+    with path.open("rb") as file:
+        return file.read(4) == elf.ELF_MAGIC
+
+
+def _member_is_elf(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
+    with archive.open(info) as member:
+        return member.read(4) == elf.ELF_MAGIC
 
 
 class _ChunkStream(io.RawIOBase):
