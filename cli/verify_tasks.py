@@ -9,15 +9,21 @@ from bwstack.inputs import number
 
 
 @task(
-    iterable=["arch", "require"],
+    iterable=["arch", "require", "allow_missing"],
     help={
         "arch": "GPU arch(s) to check: sm120, sm_121, 12.0; repeat or use commas; all = every arch bwstack knows",
         "wheel": "a wheel file to verify (.so members are streamed, never unpacked all at once)",
         "path": "a folder to verify: site-packages, or the package folder itself",
         "image": "a local Docker image to verify (its filesystem is exported; the image is never run)",
-        "package": "import name of the package whose loader picks the binary (default: sgl_kernel)",
+        "package": "import name of the package whose loader picks the binary (default: sgl_kernel); dotted "
+        "and namespace packages work (nvidia.cu13)",
         "require": "another binary that must run too (repeatable), e.g. flash_ops; others only warn",
-        "kernels": "also list kernel names in every cubin (decompresses them; slower)",
+        "kernels": "also list kernel names in every cubin, and name the kernels without code per GPU",
+        "allow_partial": "containers (translation units) with no code for a GPU only warn, even in the binary the "
+        "loader picks",
+        "allow_missing": "kernel-name glob (repeatable): containers with no code for a GPU only warn when all their "
+        "kernels match, e.g. '*sm100*' for arch-specific kernels that are absent by design (reads kernel names)",
+        "cuda": "the CUDA version (major.minor) the stack was built for: checks the CUDA runtime in the source",
         "json": "write the report as JSON to this file",
         "junit": "write the report as JUnit XML to this file",
         "timeout": "seconds the package's loader may take per arch before it counts as hung (default 30)",
@@ -34,6 +40,9 @@ def verify(
     package: str = "sgl_kernel",
     require: list[str] | None = None,
     kernels: bool = False,
+    allow_partial: bool = False,
+    allow_missing: list[str] | None = None,
+    cuda: str | None = None,
     json: str | None = None,
     junit: str | None = None,
     timeout: str = "30",
@@ -56,6 +65,9 @@ def verify(
             import_name=package,
             require=require or [],
             kernels=kernels,
+            allow_partial=allow_partial,
+            allow_missing=allow_missing or [],
+            cuda=cuda,
             probe_timeout=number("--timeout", timeout, float, minimum=1),
         )
     finish(report, json=json, junit=junit)

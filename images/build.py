@@ -230,7 +230,9 @@ def build_one(
         progress.note(f"verifying {image.short_id} for {arch}")
         try:
             with sources.open_image(image.id, import_name=import_name, client=client) as tree:
-                verdict = verify_tree(tree, [rendered.arch], import_name=import_name)
+                verdict = verify_tree(
+                    tree, [rendered.arch], import_name=import_name, cuda=str(rendered.recipe.cuda_version)
+                )
         except (SourceError, LoaderProbeError) as error:
             # An image verify cannot judge is refused like one that fails: it must not be tagged.
             verdict = Report(kind="verify", subject=image.id)

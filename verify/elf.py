@@ -32,8 +32,10 @@ STO_CUDA_ENTRY = 0x10
 _EHDR = struct.Struct("<4sBBBBB7xHHIQQQIHHHHHH")  # e_ident prefix .. e_shstrndx: 64 bytes
 _SHDR = struct.Struct("<IIQQQQIIQQ")  # 64 bytes
 _SYM = struct.Struct("<IBBHQQ")  # 24 bytes
+_U32 = struct.Struct("<I")
 _NAME_WINDOW = 256  # longest section/symbol name we read in one go; longer names are read in steps
 _MAX_NAME = 1 << 16  # mangled C++ kernel names run to a few KB; beyond this the table is garbage
+_WHOLE_TABLE = 16 << 20  # section name tables up to this size are read in one go
 
 
 class Source(Protocol):
@@ -75,6 +77,18 @@ class BytesSource:
     def read(self, offset: int, length: int) -> bytes:
         check_range(self, offset, length, "read")
         return bytes(self.data[offset : offset + length])
+
+
+class SliceSource:
+    """A byte range of another source seen as a whole input (a stored cubin inside a fatbin)."""
+
+    def __init__(self, outer: Source, offset: int, size: int, label: str) -> None:
+        check_range(outer, offset, size, "slice")
+        self.outer, self.offset, self.size, self.label = outer, offset, size, label
+
+    def read(self, offset: int, length: int) -> bytes:
+        check_range(self, offset, length, "read")
+        return self.outer.read(self.offset + offset, length)
 
 
 def check_range(source: Source, offset: int, length: int, what: str) -> None:
@@ -130,8 +144,10 @@ def read_header(source: Source) -> ElfHeader:
     return ElfHeader(osabi, abiver, machine, flags, shoff, shentsize, shnum, shstrndx)
 
 
-def read_sections(source: Source, header: ElfHeader | None = None) -> list[Section]:
-    """All section headers with their names; [] for an ELF without a section table (stripped of it)."""
+def read_sections(source: Source, header: ElfHeader | None = None, *, names: bool = True) -> list[Section]:
+    """All section headers with their names; [] for an ELF without a section table (stripped of it).
+
+    names=False leaves every name empty and skips the name table (kernel listing needs only types)."""
     header = header or read_header(source)
     if header.shoff == 0:
         return []
@@ -151,13 +167,40 @@ def read_sections(source: Source, header: ElfHeader | None = None) -> list[Secti
         return []
     if not 0 <= shstrndx < shnum:
         raise FatbinError(f"{source.label}: section name table index {shstrndx} out of range (0..{shnum - 1})")
+    if not names:
+        return [Section(i, "", r[1], r[4], r[5], r[6], r[9]) for i, r in enumerate(raw)]
     names_off, names_size = raw[shstrndx][4], raw[shstrndx][5]
     check_range(source, names_off, names_size, "section name table")
+    # A table of a sane size is read once and names are cut from memory; a huge one in small windows.
+    table_names = NameTable(source.read(names_off, names_size), source.label) if names_size <= _WHOLE_TABLE else None
     sections = []
     for index, (name_off, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize) in enumerate(raw):
-        name = read_name(source, names_off, names_size, name_off)
+        if table_names is not None:
+            name = table_names.name(name_off)
+        else:
+            name = read_name(source, names_off, names_size, name_off)
         sections.append(Section(index, name, sh_type, offset, size, link, entsize))
     return sections
+
+
+class NameTable:
+    """A string table already in memory: names are found with one search each, no copies of windows.
+
+    `data` may be a larger buffer holding the table at `base` (a decoded cubin prefix), so the table is
+    never copied out of it."""
+
+    def __init__(self, data: bytes | bytearray, label: str, base: int = 0, size: int | None = None) -> None:
+        self.data, self.label, self.base = data, label, base
+        self.size = len(data) - base if size is None else size
+
+    def name(self, offset: int) -> str:
+        if not 0 <= offset < self.size:
+            raise FatbinError(f"{self.label}: name offset {offset} outside its {self.size}-byte string table")
+        start, stop = self.base + offset, self.base + min(self.size, offset + _MAX_NAME)
+        end = self.data.find(b"\0", start, stop)
+        if end < 0:
+            raise FatbinError(f"{self.label}: unterminated name at string table offset {offset}")
+        return self.data[start:end].decode("utf-8", "replace")
 
 
 def read_name(source: Source, table_off: int, table_size: int, name_off: int) -> str:
@@ -185,21 +228,52 @@ def find_section(sections: list[Section], *names: str) -> Section | None:
     return None
 
 
+def _section_table(source: Source) -> bytes:
+    """The raw section header table (extended numbering resolved), checked to fit the input."""
+    header = read_header(source)
+    if header.shoff == 0:
+        return b""
+    if header.shentsize != _SHDR.size:
+        raise FatbinError(f"{source.label}: section header size {header.shentsize}, expected {_SHDR.size}")
+    shnum = header.shnum or _SHDR.unpack(source.read(header.shoff, _SHDR.size))[5]
+    check_range(source, header.shoff, shnum * _SHDR.size, "section header table")
+    return source.read(header.shoff, shnum * _SHDR.size)
+
+
+def _section(table: bytes, index: int) -> Section:
+    _name, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize = _SHDR.unpack_from(
+        table, index * _SHDR.size
+    )
+    return Section(index, "", sh_type, offset, size, link, entsize)
+
+
 def kernel_symbols(source: Source) -> Iterator[str]:
     """Names of CUDA kernels (STT_FUNC with the CUDA entry bit in st_other) in an ELF's .symtab."""
-    sections = read_sections(source)
-    for symtab in (s for s in sections if s.type == SHT_SYMTAB):
+    sections = _section_table(source)
+    count = len(sections) // _SHDR.size
+    # Only the symbol tables and their name tables become Section records (a cubin has ~100 sections).
+    symtabs = [i for i in range(count) if _U32.unpack_from(sections, i * _SHDR.size + 4)[0] == SHT_SYMTAB]
+    for index in symtabs:
+        symtab = _section(sections, index)
         if symtab.entsize != _SYM.size:
             raise FatbinError(f"{source.label}: symbol entry size {symtab.entsize}, expected {_SYM.size}")
-        if not 0 <= symtab.link < len(sections):
+        if not 0 <= symtab.link < count:
             raise FatbinError(f"{source.label}: symbol table links to missing section {symtab.link}")
-        strtab = sections[symtab.link]
+        strtab = _section(sections, symtab.link)
         check_range(source, strtab.offset, strtab.size, "symbol name table")
         check_range(source, symtab.offset, symtab.size, "symbol table")
         table = source.read(symtab.offset, symtab.size - symtab.size % _SYM.size)
+        # One read of the name table (already checked to fit the input), then names from memory.
+        # A source that holds the table in memory lends it (no copy); others read it once.
+        lend = getattr(source, "buffer", None)
+        held = lend(strtab.offset, strtab.size) if lend else None
+        if held is not None:
+            names = NameTable(held[0], source.label, held[1], strtab.size)
+        else:
+            names = NameTable(source.read(strtab.offset, strtab.size), source.label)
         for st_name, st_info, st_other, _shndx, _value, _size in _SYM.iter_unpack(table):
             if st_info & 0xF == STT_FUNC and st_other & STO_CUDA_ENTRY:
-                yield read_name(source, strtab.offset, strtab.size, st_name)
+                yield names.name(st_name)
 
 
 @contextmanager

@@ -22,12 +22,13 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from bwstack.errors import FatbinError
-from bwstack.verify import elf
+from bwstack.verify import cubin_symbols, elf
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")  # cuobjdump's default preference
 CONTAINER_MAGIC = 0xBA55ED50
@@ -74,6 +75,12 @@ class FatbinEntry:
     offset: int
     isa_version: str
     kernels: tuple[str, ...] = ()  # filled only by read_entries(..., kernels=True)
+    # Which container (one per translation unit linked in) holds the entry: the driver loads a fatbin
+    # container by container, so a kernel runs only if its own container has code for the GPU.
+    container: int = 0
+    # The container holds no kernels at all (a device-link stub, or a translation unit with only
+    # __device__ data): nothing in it is ever launched, so coverage does not count it.
+    kernel_free: bool = False
 
     @property
     def arch(self) -> str:
@@ -95,6 +102,8 @@ class FatbinEntry:
             "offset": self.offset,
             "isa_version": self.isa_version,
             "kernels": list(self.kernels),
+            "container": self.container,
+            "kernel_free": self.kernel_free,
         }
 
 
@@ -127,16 +136,61 @@ def read_source_entries(source: elf.Source, *, kernels: bool = False) -> list[Fa
     if section is None:
         return []
     elf.check_range(source, section.offset, section.size, f"section {section.name}")
-    entries = list(_walk(source, section.offset, section.offset + section.size))
+    entries = list(walk(source, section.offset, section.offset + section.size))
     if kernels:
-        entries = [_with_kernels(source, entry) for entry in entries]
-    return entries
+        entries = with_kernels_all(source, entries)
+    return mark_kernel_free(source, entries, kernels_read=kernels)
 
 
-def _walk(source: elf.Source, start: int, end: int) -> list[FatbinEntry]:
+_DECODERS = 2  # compressed cubins decoded at once: the codecs release the GIL; memory stays ~2 x PREFIX
+
+
+def with_kernels_all(source: elf.Source, entries: list[FatbinEntry]) -> list[FatbinEntry]:
+    """with_kernels for every entry; compressed cubins in a small thread pool, in file order."""
+    packed = [i for i, e in enumerate(entries) if e.codec != "none"]
+    if len(packed) < 2:
+        return [with_kernels(source, e) for e in entries]
+    # Compressed cubins decode in the pool while this thread reads the stored ones (Python, GIL-bound).
+    with ThreadPoolExecutor(_DECODERS) as pool:
+        pending = pool.map(lambda i: with_kernels(source, entries[i]), packed)
+        done = [with_kernels(source, e) if e.codec == "none" else e for e in entries]
+        for index, entry in zip(packed, pending, strict=True):
+            done[index] = entry
+    return done
+
+
+FIRST_CUBIN = 64 << 10  # stream_capture.py keeps a container's first cubin whole up to this size
+
+
+def mark_kernel_free(source: elf.Source, entries: list[FatbinEntry], *, kernels_read: bool) -> list[FatbinEntry]:
+    """Flag the entries of containers that hold no kernels (one cubin per container tells: one source file).
+
+    A container's first cubin is read for its symbols when kernel names were not read already; a first
+    cubin bigger than FIRST_CUBIN is taken to hold kernels (stubs are a few KB).
+    """
+    free: set[int] = set()
+    groups: dict[int, list[FatbinEntry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.container, []).append(entry)
+    for container, group in groups.items():
+        cubin = next((e for e in group if e.kind == "sass"), None)
+        if cubin is None or any(e.kind != "sass" for e in group):
+            continue
+        if kernels_read:
+            empty = not any(e.kernels for e in group)
+        elif cubin.payload_size <= FIRST_CUBIN:  # the same test stream_capture.py keeps it by
+            empty = not with_kernels(source, cubin).kernels
+        else:
+            empty = False
+        if empty:
+            free.add(container)
+    return [replace(e, kernel_free=True) if e.container in free else e for e in entries]
+
+
+def walk(source: elf.Source, start: int, end: int) -> list[FatbinEntry]:
     entries: list[FatbinEntry] = []
-    for _pos, body, body_end in _containers(source, start, end):
-        entries.extend(_entries(source, body, body_end))
+    for index, (_pos, body, body_end) in enumerate(_containers(source, start, end)):
+        entries.extend(replace(e, container=index) for e in _entries(source, body, body_end))
     return entries
 
 
@@ -241,11 +295,24 @@ def _entry(label: str, pos: int, header: _Header) -> FatbinEntry:
     )
 
 
-def _with_kernels(source: elf.Source, entry: FatbinEntry) -> FatbinEntry:
+def with_kernels(source: elf.Source, entry: FatbinEntry) -> FatbinEntry:
     if entry.kind == "lto":
         return entry
-    data = decompress(source, entry)
     label = f"{source.label} [{entry.arch} at offset {entry.offset}]"
+    if entry.kind == "sass" and entry.codec == "none":
+        # A stored cubin is read in place: only its section table, symbol table and names, never its code.
+        header_size = _ENTRY.unpack(source.read(entry.offset, _ENTRY.size))[2]
+        view = elf.SliceSource(source, entry.offset + header_size, entry.compressed_size, label)
+        return replace(entry, kernels=tuple(elf.kernel_symbols(view)))
+    if entry.kind == "sass" and entry.codec == "zstd":
+        _check_ratio(entry, label)
+        header_size = _ENTRY.unpack(source.read(entry.offset, _ENTRY.size))[2]
+        found = cubin_symbols.zstd_kernels(
+            source, entry.offset + header_size, entry.compressed_size, entry.uncompressed_size, label
+        )
+        if found is not None:
+            return replace(entry, kernels=found)
+    data = decompress(source, entry)
     if entry.kind == "ptx":
         names = tuple(m.group(1).decode("ascii", "replace") for m in _PTX_ENTRY.finditer(data))
     else:
@@ -260,9 +327,7 @@ def decompress(source: elf.Source, entry: FatbinEntry) -> bytes:
     label = f"{source.label} [{entry.arch} at offset {entry.offset}]"
     if entry.codec == "none":
         return raw
-    cap = min(entry.uncompressed_size, max(_MIN_CAP, _MAX_RATIO * entry.compressed_size))
-    if entry.uncompressed_size > cap:
-        raise FatbinError(f"{label}: claims {entry.uncompressed_size} bytes from {entry.compressed_size} compressed")
+    cap = _check_ratio(entry, label)
     data = _lz4(raw, cap, label) if entry.codec == "lz4" else _zstd(raw, cap, label)
     if len(data) != entry.uncompressed_size:
         raise FatbinError(f"{label}: decompressed to {len(data)} bytes, header says {entry.uncompressed_size}")
@@ -280,19 +345,18 @@ def _lz4(raw: bytes, cap: int, label: str) -> bytes:
         raise FatbinError(f"{label}: LZ4 payload is corrupt or decodes to more than {cap} bytes ({error})") from None
 
 
+def _check_ratio(entry: FatbinEntry, label: str) -> int:
+    cap = min(entry.uncompressed_size, max(_MIN_CAP, _MAX_RATIO * entry.compressed_size))
+    if entry.uncompressed_size > cap:
+        raise FatbinError(f"{label}: claims {entry.uncompressed_size} bytes from {entry.compressed_size} compressed")
+    return cap
+
+
 def _zstd(raw: bytes, cap: int, label: str) -> bytes:
     import zstandard  # a C codec; imported here so header-only listing never needs it
 
-    out = bytearray()
+    # One call into C with a hard output limit: no Python loop over chunks, no growing buffer to copy.
     try:
-        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=False) as reader:
-            while len(out) <= cap:
-                chunk = reader.read(min(1 << 20, cap + 1 - len(out)))
-                if not chunk:
-                    break
-                out += chunk
+        return zstandard.ZstdDecompressor().decompress(raw, max_output_size=cap)
     except zstandard.ZstdError as error:
-        raise FatbinError(f"{label}: ZSTD payload is corrupt: {error}") from error
-    if len(out) > cap:
-        raise FatbinError(f"{label}: ZSTD payload decodes to more than the {cap} bytes allowed")
-    return bytes(out)
+        raise FatbinError(f"{label}: ZSTD payload is corrupt or decodes to more than {cap} bytes: {error}") from error

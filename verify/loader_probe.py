@@ -37,52 +37,10 @@ import psutil
 from bwstack.errors import LoaderProbeError
 from bwstack.reaper import Lifeline
 from bwstack.recipes.archs import CC, cc_text
+from bwstack.verify.stand_in_torch import STAND_IN_TORCH, STAND_IN_TORCH_VERSION
 
 RESULT_MARKER = "BWSTACK-PROBE-RESULT "
 PROBE_TOKEN = "BWSTACK_PROBE_TOKEN"  # marks every process a probe starts, even one that leaves the session
-
-_STAND_IN_TORCH = '''\
-"""Stand-in torch for bwstack's loader probe: reports one GPU of the CC in BWSTACK_PROBE_CC."""
-import os
-from types import SimpleNamespace
-
-__version__ = "0.0.0+bwstack.probe"
-_cc = os.environ.get("BWSTACK_PROBE_CC", "none")
-
-
-class _Cuda:
-    def is_available(self):
-        return _cc != "none"
-
-    def device_count(self):
-        return 0 if _cc == "none" else 1
-
-    def current_device(self):
-        if _cc == "none":
-            raise RuntimeError("No CUDA GPUs are available")
-        return 0
-
-    def _capability(self):
-        if _cc == "none":
-            raise RuntimeError("No CUDA GPUs are available")
-        major, minor = (int(x) for x in _cc.split("."))
-        return major, minor
-
-    def get_device_capability(self, device=None):
-        return self._capability()
-
-    def get_device_properties(self, device=None):
-        major, minor = self._capability()
-        return SimpleNamespace(major=major, minor=minor, name=f"bwstack probe GPU (CC {major}.{minor})",
-                               total_memory=96 << 30, multi_processor_count=188)
-
-    def get_device_name(self, device=None):
-        return self.get_device_properties(device).name
-
-
-cuda = _Cuda()
-version = SimpleNamespace(cuda="13.0", hip=None, git_version="bwstack-probe")
-'''
 
 _PROBE = r'''
 import builtins, ctypes, importlib.abc, importlib.machinery, importlib.util, json, os, sys, traceback
@@ -90,6 +48,7 @@ import builtins, ctypes, importlib.abc, importlib.machinery, importlib.util, jso
 MARKER = sys.argv[1]
 PACKAGE = sys.argv[2]
 ROOT = os.path.realpath(sys.argv[3])
+OWN = os.path.join(ROOT, *PACKAGE.split("."))
 attempts = []
 
 
@@ -170,9 +129,27 @@ class ExtensionRecorder(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, ExtensionRecorder())
 
 
+def own_file(path):
+    """Inside the package's own folder: a binary its loader picks (not another package's library)."""
+    return os.path.realpath(path).startswith(OWN + os.sep)
+
+
+def record_library(path):
+    """torch.ops.load_library / torch.classes.load_library: the loader's pick when it is the package's own."""
+    exists = os.path.isfile(path)
+    attempts.append({"how": "load_library", "path": path, "exists": exists})
+    if not exists:
+        raise OSError(f"{path}: cannot open shared object file: No such file or directory")
+    if own_file(path):
+        raise ProbeDone(path)
+
+
 class RecordedCDLL:
     def __init__(self, name, *args, **kwargs):
-        attempts.append({"how": "ctypes", "path": os.fspath(name) if name else None, "exists": None})
+        path = os.fspath(name) if name else None
+        attempts.append({"how": "ctypes", "path": path, "exists": None})
+        if path and os.path.isfile(path) and own_file(path) and path.endswith(EXTENSION_SUFFIXES):
+            raise ProbeDone(path)
 
     def __getattr__(self, name):
         raise AttributeError(f"bwstack probe: {name} is not callable in a probe")
@@ -193,7 +170,7 @@ else:
 
 @dataclass(frozen=True)
 class LoaderAttempt:
-    how: str  # spec_from_file_location | import | ctypes
+    how: str  # spec_from_file_location | import | load_library | ctypes
     path: str | None  # relative to the package root where it lies inside it
     exists: bool | None
 
@@ -211,6 +188,21 @@ class LoaderResult:
     error: str | None = None
 
     @property
+    def probed(self) -> bool:
+        """Did the loader run far enough to choose? It picked a binary, or it looked for its own and found none."""
+        return self.selected is not None or (
+            self.error is not None and any(a.exists is False and a.how != "ctypes" for a in self.attempts)
+        )
+
+    @property
+    def not_probed_reason(self) -> str | None:
+        if self.probed:
+            return None
+        if self.error:
+            return f"the import stopped before loading a binary: {self.error}"
+        return "importing the package loads none of its binaries (they load later, on first use)"
+
+    @property
     def fallbacks(self) -> list[str]:
         """Extension loads tried before the selected one (the loader fell back past them)."""
         return [a.path or "?" for a in self.attempts if a.how != "ctypes" and a.path != self.selected]
@@ -218,6 +210,8 @@ class LoaderResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "selected": self.selected,
+            "probed": self.probed,
+            "not_probed_reason": self.not_probed_reason,
             "fallbacks": self.fallbacks,
             "attempts": [a.to_dict() for a in self.attempts],
             "error": self.error,
@@ -241,13 +235,14 @@ class RunningProbe:
         self.import_name = import_name
         self.cc = cc
         self.timeout = timeout
-        if not (self.package_root / import_name).is_dir():
+        if not self.package_root.joinpath(*import_name.split(".")).is_dir():
             raise LoaderProbeError(f"{self.package_root}: no package {import_name!r} to probe")
         self.token = uuid.uuid4().hex
         self.scratch = Path(tempfile.mkdtemp(prefix="bwstack-probe-"))
         stand_ins = self.scratch / "stand-ins"
         (stand_ins / "torch").mkdir(parents=True)
-        (stand_ins / "torch" / "__init__.py").write_text(_STAND_IN_TORCH)
+        (stand_ins / "torch" / "__init__.py").write_text(STAND_IN_TORCH)
+        (stand_ins / "torch" / "version.py").write_text(STAND_IN_TORCH_VERSION)
         script = self.scratch / "probe.py"
         script.write_text(
             # sys.path: the stand-ins first, then the package root, then the stdlib; nothing else.

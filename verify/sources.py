@@ -16,8 +16,10 @@ can be probed) and the CUDA binaries to read. Choices, and why:
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -27,12 +29,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from bwstack.docker_engine import connect, first_line
 from bwstack.errors import DockerError, FatbinError, SourceError
 from bwstack.reaper import Lifeline
 from bwstack.verify import elf
-from bwstack.verify.fatbin import FatbinEntry, read_entries, read_source_entries
+from bwstack.verify.device_files import is_device_name, read_device_entries, read_device_file
+from bwstack.verify.fatbin import FatbinEntry
 from bwstack.verify.stream_capture import WindowMiss, capture
 from bwstack.verify.wheel_limits import (
     INFLATE_ERRORS,
@@ -51,6 +55,60 @@ _SHARED_OBJECT_SUFFIXES = (".so",)
 def is_shared_object(name: str) -> bool:
     base = PurePosixPath(name).name
     return base.endswith(_SHARED_OBJECT_SUFFIXES) or ".so." in base
+
+
+def is_binary_candidate(name: str) -> bool:
+    """Read by name: shared objects and device-code files (.cubin, .fatbin, .ptx)."""
+    return is_shared_object(name) or is_device_name(name)
+
+
+def might_be_elf(name: str, size: int) -> bool:
+    """Worth reading 4 bytes to see if it is an ELF (an executable, an object file): no text suffix."""
+    return size >= 64 and PurePosixPath(name).suffix not in _TEXT_SUFFIXES and not is_binary_candidate(name)
+
+
+_TEXT_SUFFIXES = frozenset(
+    [
+        ".py",
+        ".pyi",
+        ".pyc",
+        ".pth",
+        ".json",
+        ".txt",
+        ".md",
+        ".rst",
+        ".h",
+        ".hpp",
+        ".cuh",
+        ".cu",
+        ".c",
+        ".cc",
+        ".cpp",
+        ".inc",
+        ".toml",
+        ".cfg",
+        ".ini",
+        ".yaml",
+        ".yml",
+        ".lock",
+        ".typed",
+        ".html",
+        ".css",
+        ".js",
+        ".csv",
+        ".sh",
+        ".cmake",
+        ".in",
+        ".jinja",
+        ".j2",
+        ".pxd",
+        ".pyx",
+        ".proto",
+        ".def",
+    ]
+)
+CUDA_RUNTIME = re.compile(r"libcudart\.so\.\d+\.\d+\.\d+")
+_SMALL_MEMBER = 4 << 20  # members up to this size (cubins, small PTX) are read into memory whole
 
 
 def safe_member_name(name: str) -> PurePosixPath | None:
@@ -74,16 +132,27 @@ class Tree:
     limits: Limits = field(default_factory=Limits)
 
     def read(self, relative: str, *, kernels: bool = False) -> list[FatbinEntry]:
-        """The fatbin entries of one binary in the tree (FatbinError for a malformed one)."""
+        """The device code entries of one file in the tree (FatbinError for a malformed one)."""
         if self._wheel is None:
-            return read_entries(self.root / relative, kernels=kernels)
+            return read_device_file(self.root / relative, kernels=kernels)
         label = f"{self.label}!{relative}"
+        if self._wheel.getinfo(relative).file_size <= _SMALL_MEMBER:
+            # Read in bounded chunks: ZipFile.read() asks for the whole compressed size in one call, and a
+            # lying header makes that a multi-GB allocation (found by fuzzing, as a MemoryError).
+            buffer = io.BytesIO()
+            info = self._wheel.getinfo(relative)
+            try:
+                with self._wheel.open(info) as member:
+                    bounded_copy(member, buffer, info.file_size, self.limits, label, corrupt=FatbinError)
+            except INFLATE_ERRORS as error:
+                raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
+            return read_device_entries(elf.BytesSource(buffer.getvalue(), label), kernels=kernels)
         if not kernels:
             # One decompressing pass keeping only the header windows; rare layouts fall back to a copy.
             try:
                 with self._wheel.open(relative) as member:
                     source = capture(member, self._wheel.getinfo(relative).file_size, label)
-                return read_source_entries(source)
+                return read_device_entries(source)
             except WindowMiss:
                 pass
             except INFLATE_ERRORS as error:
@@ -98,12 +167,30 @@ class Tree:
             except INFLATE_ERRORS as error:
                 raise FatbinError(f"{label}: cannot decompress wheel member: {error}") from None
             copy.flush()
-            return read_source_entries(elf.FileSource(copy.fileno(), label), kernels=kernels)
+            return read_device_entries(elf.FileSource(copy.fileno(), label), kernels=kernels)
+
+    def digest(self, relative: str) -> str:
+        """sha256 of one file's bytes, streamed (to fold identical copies into one report row)."""
+        sha = hashlib.sha256()
+        try:
+            with self.open(relative) as stream:
+                while chunk := stream.read(_CHUNK):
+                    sha.update(chunk)
+        except INFLATE_ERRORS as error:
+            raise FatbinError(f"{self.label}!{relative}: cannot be read: {error}") from None
+        return sha.hexdigest()
+
+    def open(self, relative: str) -> BinaryIO:
+        """One file's bytes as a stream (a wheel member is decompressed as it is read)."""
+        return self._wheel.open(relative) if self._wheel else (self.root / relative).open("rb")
+
+    def size(self, relative: str) -> int:
+        return self._wheel.getinfo(relative).file_size if self._wheel else (self.root / relative).stat().st_size
 
 
 def _scan_binaries(root: Path, unreadable: list[str] | None = None) -> list[str]:
-    """Regular .so files under root, links not followed; folders that cannot be listed (`--path /` meets
-    /proc) are noted in `unreadable` rather than ending the run."""
+    """Regular files under root that may hold device code, links not followed; folders or files that cannot
+    be read (`--path /` meets /proc) are noted in `unreadable` rather than ending the run."""
     found = []
 
     def note(error: OSError) -> None:
@@ -112,11 +199,12 @@ def _scan_binaries(root: Path, unreadable: list[str] | None = None) -> list[str]
 
     for folder, _dirs, files in os.walk(root, onerror=note):
         for name in files:
-            if not is_shared_object(name):
-                continue
             path = Path(folder, name)
             try:
-                if stat.S_ISREG(path.lstat().st_mode):
+                info = path.lstat()
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                if is_binary_candidate(name) or (might_be_elf(name, info.st_size) and _elf_head(path)):
                     found.append(path.relative_to(root).as_posix())
             except OSError as error:
                 note(error)
@@ -175,7 +263,9 @@ def open_wheel(wheel: Path, limits: Limits | None = None) -> Iterator[Tree]:
             target = root / name
             wanted = name.suffix in (".py", ".pth", ".json", ".txt") or name.parent.name.endswith(".dist-info")
             try:
-                if is_shared_object(name.name):
+                if is_binary_candidate(name.name) or (
+                    might_be_elf(name.name, info.file_size) and _member_is_elf(archive, info)
+                ):
                     # A placeholder, so the loader probe sees the file exist; its bytes are streamed on read().
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.touch()
@@ -238,12 +328,19 @@ def open_image(
 
 
 def _wanted(name: PurePosixPath, import_name: str, also: tuple[str, ...] = ()) -> bool:
+    if CUDA_RUNTIME.fullmatch(name.name):
+        return True  # the CUDA runtime, wherever it is (its fully versioned file; the shorter names are links)
     parts = name.parts
     if import_name in parts[:-1]:
         return True  # the package's own files: loader, __init__, binaries
     if also and name.as_posix().endswith(also):
-        return True
-    return is_shared_object(name.name) and any(p in ("site-packages", "dist-packages") for p in parts)
+        return True  # files a caller asked for by their path's end (advise: the image's CUDA ptxas)
+    if not any(p in ("site-packages", "dist-packages") for p in parts):
+        return False
+    # Device code anywhere in site-packages, the dist-info that names distributions, Triton's own ptxas.
+    if name.parent.name.endswith(".dist-info"):
+        return name.name in ("METADATA", "RECORD", "top_level.txt")
+    return is_binary_candidate(name.name) or name.parent.name == "bin"
 
 
 def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str, also: tuple[str, ...] = ()) -> list[str]:
@@ -271,6 +368,16 @@ def _extract_wanted(chunks: Iterator[bytes], root: Path, import_name: str, also:
             except (FileExistsError, NotADirectoryError, IsADirectoryError):
                 refused.append(f"{member.name} (clashes with another member: a file and a folder of one name)")
     return refused
+
+
+def _elf_head(path: Path) -> bool:
+    with path.open("rb") as file:
+        return file.read(4) == elf.ELF_MAGIC
+
+
+def _member_is_elf(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
+    with archive.open(info) as member:
+        return member.read(4) == elf.ELF_MAGIC
 
 
 class _ChunkStream(io.RawIOBase):

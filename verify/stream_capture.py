@@ -31,7 +31,9 @@ ENTRY_WINDOW = 64  # the walk reads the first 64 bytes of every entry header
 AFTER_CONTAINER = 256  # alignment padding after a container, read by the walk
 TAIL = 4 << 20  # section headers and their names live in the last few KB of a .so
 CHUNK = 1 << 20
-_CARRY = 1 << 12  # overlap kept between chunks so a header split across two is still seen whole
+FIRST_CUBIN = 64 << 10  # a container's first cubin up to this size is kept whole (fatbin.py reads its symbols)
+# Overlap kept between chunks so a header, or a kept first cubin, split across two is still seen whole.
+_CARRY = 1 << 17
 # Header windows kept in one pass, besides the tail (bytes plus a per-window allowance for Python's object
 # overhead). Real libraries need well under 1 MiB (a few thousand entries); past this it is hostile padding.
 KEEP_BUDGET = 4 << 20
@@ -50,6 +52,7 @@ class _Follower:
     start: int
     pos: int = -1  # next entry header; -1 until the container header has been parsed
     end: int = 0
+    cubin_seen: bool = False
 
 
 @dataclass
@@ -151,8 +154,10 @@ def _advance(
         while follower.pos < follower.end and follower.pos + ENTRY_WINDOW <= data_end:
             if follower.pos < data_start:
                 break  # fell behind the kept overlap: leave it to the WindowMiss fallback
-            _kind, _pad, header_size, payload = _ENTRY_PREFIX.unpack_from(data, follower.pos - data_start)
-            wanted.append((follower.pos, ENTRY_WINDOW))
+            kind, _pad, header_size, payload = _ENTRY_PREFIX.unpack_from(data, follower.pos - data_start)
+            first_cubin = kind == 2 and not follower.cubin_seen and payload <= FIRST_CUBIN and header_size <= 1024
+            follower.cubin_seen = follower.cubin_seen or kind == 2
+            wanted.append((follower.pos, header_size + payload if first_cubin else ENTRY_WINDOW))
             if header_size < ENTRY_WINDOW:
                 follower.pos = follower.end  # garbage: stop following, the walk will judge
                 break

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bwstack.errors import FatbinError, SourceError
+from bwstack.errors import BwstackError, FatbinError, SourceError
 from bwstack.verify import sources, wheel_limits
 from bwstack.verify.fatbin import read_entries
 from bwstack.verify.stream_capture import WindowMiss, capture
@@ -111,7 +111,8 @@ def test_too_little_temp_space_is_refused_first(tmp_path: Path) -> None:
 
 
 def test_fallback_copy_checks_space_and_names_the_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    wheel = wheel_of(tmp_path / "w.whl", {"sgl_kernel/lib.so": b"\x7fELF" + bytes(100)})
+    member = b"\x7fELF" + bytes(5 << 20)  # over the size read into memory: takes the on-disk copy
+    wheel = wheel_of(tmp_path / "w.whl", {"sgl_kernel/lib.so": member})
     with sources.open_wheel(wheel) as tree:
         with pytest.raises(FatbinError) as error:
             tree.read("sgl_kernel/lib.so", kernels=True)  # kernels=True always takes the on-disk copy
@@ -241,3 +242,23 @@ def test_found_by_fuzzing_a_member_name_that_is_not_the_utf8_it_claims(tmp_path:
     wheel.write_bytes(bytes(data))
     with sources.open_wheel(wheel) as tree, pytest.raises(FatbinError, match="cannot decompress wheel member"):
         tree.read("sgl_kernel/lib.so")
+
+
+def test_found_by_fuzzing_a_lying_compressed_size_is_not_allocated(tmp_path: Path) -> None:
+    """ZipFile.read() asks for the whole claimed compressed size at once: 2 GB for this 90 KB wheel."""
+    plain = wheel_of(tmp_path / "plain.whl", {"sgl_kernel/lib.so": MULTI.read_bytes()}, zipfile.ZIP_STORED)
+    data = bytearray(plain.read_bytes())
+    central = data.find(b"PK\x01\x02", data.find(b"PK\x01\x02") + 4)  # the .so's entry (after __init__.py)
+    data[central + 20 : central + 24] = struct.pack("<I", 0x7FFFFFF0)  # compressed size
+    wheel = tmp_path / "lying.whl"
+    wheel.write_bytes(bytes(data))
+
+    def read_it():
+        with sources.open_wheel(wheel) as tree:
+            try:
+                return tree.read("sgl_kernel/lib.so")
+            except BwstackError:
+                return None  # refusing it is as good as reading it, as long as it costs nothing
+
+    _, peak = peak_of(read_it)
+    assert peak < MAX_PEAK, f"peak {peak >> 20} MiB"

@@ -157,7 +157,10 @@ def test_uncompressed_sizes_are_the_payload() -> None:
 
 
 def test_listing_reads_headers_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A few hundred bytes per entry, never the payloads: that is what makes a 1 GB .so take 0.1 s."""
+    """A few hundred bytes per entry, never the payloads: that is what makes a 1 GB .so take 0.1 s.
+
+    Besides headers, each container's first cubin has its symbol table read (does the container hold
+    kernels at all?): a fixed cost per container, so on this small file it is most of the bytes read."""
     reads: list[int] = []
     real_pread = os.pread
 
@@ -165,7 +168,7 @@ def test_listing_reads_headers_only(monkeypatch: pytest.MonkeyPatch) -> None:
         reads.append(length)
         return real_pread(fd, length, offset)
 
-    path = FIXTURES / "cuda/bin/compress_none.so"
+    path = FIXTURES / "cuda/bin/multi.so"
     with elf.open_file(path) as source:
         section_table = 64 * len(elf.read_sections(source))
     monkeypatch.setattr(elf.os, "pread", counting_pread)
@@ -248,3 +251,23 @@ def test_lz4_rejects_malformed_blocks(block: bytes) -> None:
     with pytest.raises(FatbinError, match="LZ4 payload is corrupt") as caught:
         fatbin._lz4(block, 10_000, "cubin")
     assert "\n" not in str(caught.value)
+
+
+def test_zstd_cubin_tables_past_the_kept_prefix_fall_back_to_a_full_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streamed shortcut keeps a prefix; when the symbol tables lie past it, the answer is unchanged."""
+    from bwstack.verify import cubin_symbols
+
+    path = FIXTURES / "cuda/bin/compress_size.so"  # ZSTD cubins
+    streamed = [e.kernels for e in read_entries(path, kernels=True)]
+    calls: list[object] = []
+    real = cubin_symbols.zstd_kernels
+
+    def spy(*args: object) -> object:
+        calls.append(found := real(*args))
+        return found
+
+    monkeypatch.setattr(cubin_symbols, "PREFIX", 128)
+    monkeypatch.setattr(cubin_symbols, "zstd_kernels", spy)
+    assert [e.kernels for e in read_entries(path, kernels=True)] == streamed
+    assert calls and all(found is None for found in calls)  # every cubin took the fallback
+    assert set().union(*streamed) == set(ROWS["cuda/bin/compress_size.so"]["kernels"])

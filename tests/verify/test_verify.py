@@ -88,7 +88,7 @@ def test_other_cuda_binaries_warn_unless_required() -> None:
     assert [c.status.value for c in flash] == ["warn"]
     assert relaxed.ok
     assert not strict.ok
-    assert [c.name for c in strict.failures()] == ["sm120 flash_ops.abi3.so"]
+    assert [c.name for c in strict.failures()] == ["sm120 sgl_kernel/flash_ops.abi3.so"]
     row = next(b for b in strict.to_dict()["targets"][0]["binaries"] if b["path"].endswith("flash_ops.abi3.so"))
     assert row["required"] is True and row["runs"] == "none"
 
@@ -213,13 +213,32 @@ def test_hanging_loader_is_a_clear_error(tmp_path: Path) -> None:
         probe_loader(root, "sgl_kernel", (12, 0), timeout=2)
 
 
-def test_loader_that_raises_is_a_failed_check_naming_the_error(tmp_path: Path) -> None:
+def test_loader_that_raises_before_choosing_is_not_probed_and_the_conservative_rule_decides(tmp_path: Path) -> None:
+    """An import that dies before it looks for a binary says nothing about the GPU: every binary must run."""
     root = copy_package(tmp_path)
     (root / "sgl_kernel" / "__init__.py").write_text("raise RuntimeError('cannot find libcudart')\n")
     with sources.open_path(root) as tree:
         report = verify_tree(tree, [parse_arch("sm120")])
-    (failure,) = report.failures()
-    assert "loader loads no binary (RuntimeError: cannot find libcudart)" in failure.finding
+    loader = next(c for c in report.checks if c.name == "sm120 loader")
+    assert loader.status.value == "warn"
+    assert "loader: not probed (the import stopped before loading a binary: RuntimeError: cannot find libcudart)" in (
+        loader.finding
+    )
+    assert "conservative rule: every CUDA binary sgl_kernel ships must run here" in loader.finding
+    # good's sm100 build runs on 12.0 (sm_120a) but flash_ops does not: under the conservative rule it fails.
+    assert [c.name for c in report.failures()] == ["sm120 sgl_kernel/flash_ops.abi3.so"]
+    assert report.to_dict()["targets"][0]["probed"] is False
+
+
+def test_loader_that_looked_and_found_nothing_is_a_failure_not_unprobed(tmp_path: Path) -> None:
+    root = copy_package(tmp_path)
+    shutil.rmtree(root / "sgl_kernel" / "sm100")
+    (root / "sgl_kernel" / "sm90" / "common_ops.abi3.so").unlink()
+    with sources.open_path(root) as tree:
+        report = verify_tree(tree, [parse_arch("sm120")])
+    loader = next(c for c in report.checks if c.name == "sm120 loader")
+    assert loader.status.value == "fail"
+    assert "loader loads no binary" in loader.finding
 
 
 def test_loader_fallbacks_are_recorded(tmp_path: Path) -> None:
