@@ -121,7 +121,9 @@ def scheduler_event_loop() -> None:
     threading.Event().wait()
 
 
-def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:
+def run_rank(rank: int, args: argparse.Namespace, ready_fd: int | None) -> None:  # noqa: C901
+    # Complex on purpose: one straight script of SGLang's start-up, each scenario a branch at the step where it
+    # diverges, so a reader sees the whole sequence a rank logs in one place, in the order SGLang logs it.
     threading.Thread(target=threading.Event().wait, name="watchdog", daemon=True).start()  # 'Sl', like a scheduler
     step = args.step_s
     emit("Init parallel begin.", rank)
