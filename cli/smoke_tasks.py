@@ -70,8 +70,9 @@ def smoke(
     fail_on_regression: bool = False,
 ) -> None:
     """Start a server, follow its start-up phases, probe it, name a crash/hang/timeout; exit 0 only when ready."""
+    from bwstack.cli.requests import smoke_request
     from bwstack.recipes import load_recipe
-    from bwstack.smoke import SmokeRequest, run_smoke
+    from bwstack.smoke import run_smoke
 
     if command is not None and model is not None:
         raise SmokeError(
@@ -80,7 +81,7 @@ def smoke(
         )
     load_recipe(setting(c, "recipe", recipe))  # an unknown --recipe is refused even with --command
     report_stale("smoke", containers=bool(image))
-    request = SmokeRequest.from_flags(
+    request = smoke_request(
         command=command,
         model=model,
         image=image,
