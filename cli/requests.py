@@ -140,11 +140,16 @@ def provision_request(
 # --- images ------------------------------------------------------------------------------------------------
 
 
-def build_arg_overrides(max_jobs: str | None, nvcc_threads: str | None) -> dict[str, int]:
-    """--max-jobs and --nvcc-threads as the build args they override; an absent flag is not in the mapping."""
+def compile_jobs(max_jobs: str | None, nvcc_threads: str | None) -> tuple[int | None, int | None]:
+    """--max-jobs and --nvcc-threads as numbers; None where the flag was not given (images.sizing decides)."""
     jobs = optional_number("--max-jobs", max_jobs, int, minimum=1, maximum=MAX_JOBS_LIMIT)
-    threads = optional_number("--nvcc-threads", nvcc_threads, int, minimum=1)
-    return {k: v for k, v in (("MAX_JOBS", jobs), ("NVCC_THREADS", threads)) if v is not None}
+    return jobs, optional_number("--nvcc-threads", nvcc_threads, int, minimum=1)
+
+
+def build_arg_overrides(max_jobs: str | None, nvcc_threads: str | None) -> dict[str, str]:
+    """render's --max-jobs and --nvcc-threads as the Dockerfile ARG defaults they override."""
+    jobs, threads = compile_jobs(max_jobs, nvcc_threads)
+    return {k: str(v) for k, v in (("MAX_JOBS", jobs), ("NVCC_THREADS", threads)) if v is not None}
 
 
 # --- bench -------------------------------------------------------------------------------------------------
