@@ -6,9 +6,7 @@ import sys
 from pathlib import Path
 
 from bwstack.cli.program import Context, finish, guarded, task
-from bwstack.cli.smoke_tasks import history_options
 from bwstack.errors import BenchError
-from bwstack.inputs import number, optional_number
 
 _COMMON_HELP = {
     "requests": "requests per concurrency level (default 64)",
@@ -73,11 +71,11 @@ def bench(
     """Stream completions at each concurrency level: tok/s, TTFT, ITL, accept length; exit 1 on errors or too slow."""
     from bwstack.bench.progress import progress_printer
     from bwstack.bench.session import bench_report, measure
-    from bwstack.cli.requests import bench_settings, bench_target
+    from bwstack.cli.requests import bench_floor, bench_settings, bench_target, history_options
 
     settings = bench_settings(requests, concurrency, input_len, output_len, seed, model_name=model_name,
                          api_key=api_key, request_timeout=request_timeout)  # fmt: skip
-    floor = optional_number("--min-output-tok-s", min_output_tok_s, float, minimum=0, error=BenchError)
+    floor = bench_floor(min_output_tok_s)
     target = bench_target(c, url, command, model, image, recipe=recipe, port=port, startup_timeout=startup_timeout,
                      stall_timeout=stall_timeout)  # fmt: skip
     measured = measure(
@@ -139,12 +137,11 @@ def spec_check(
     from bwstack.bench.progress import progress_printer
     from bwstack.bench.session import measure
     from bwstack.bench.speccheck import judge
-    from bwstack.cli.requests import bench_settings, spec_check_pair
+    from bwstack.cli.requests import bench_settings, history_options, spec_check_pair, spec_check_thresholds
 
     settings = bench_settings(requests, concurrency, input_len, output_len, seed, model_name=model_name,
                          api_key=api_key, request_timeout=request_timeout)  # fmt: skip
-    speedup = number("--min-speedup", min_speedup, float, minimum=0, error=BenchError)
-    accept = number("--min-accept-length", min_accept_length, float, minimum=0, error=BenchError)
+    speedup, accept = spec_check_thresholds(min_speedup, min_accept_length)
     flags = {"recipe": recipe, "port": port, "startup_timeout": startup_timeout, "stall_timeout": stall_timeout}
     base, spec = spec_check_pair(c, model, draft, image, command, spec_command, url, spec_url, flags)
     options = history_options(history, fail_on_regression=False, kind="bench")
@@ -170,11 +167,12 @@ def history(
     c: Context, history: str | None = None, last: str = "20", json: str | None = None, junit: str | None = None
 ) -> None:
     """Start-up phase timings of the last smoke and bench runs, per key (recipe, image, model, engine, GPUs)."""
+    from bwstack.cli.requests import history_last
     from bwstack.smoke.history import default_path
     from bwstack.smoke.trend import trend_report
 
     del c
-    count = number("--last", last, int, minimum=1, error=BenchError)
+    count = history_last(last)
     path = Path(history).expanduser() if history else default_path()
     if history and not path.exists():
         raise BenchError(f"history {path} does not exist", remedy="pass the file smoke --history wrote")

@@ -6,7 +6,6 @@ import sys
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
 from bwstack.errors import BwstackError
-from bwstack.inputs import image_reference
 
 
 @task(
@@ -117,12 +116,11 @@ def fleet(
     """Render and validate a Kubernetes DaemonSet and an Ansible playbook that preflight + provision a fleet."""
     from pathlib import Path
 
+    from bwstack.cli.requests import fleet_images
     from bwstack.nodes.fleet import DEFAULT_RUNNER, fleet_warnings, render_fleet, spec_for_recipe, write_fleet
     from bwstack.recipes.recipe import load_recipe
 
-    for flag, ref in (("--image", image), ("--runner", runner)):
-        if ref is not None:
-            image_reference(flag, ref)
+    fleet_images(image, runner)
     name = setting(c, "recipe", recipe)
     targets = load_recipe(name).resolve_archs(arch)
     if image and len(targets) > 1:

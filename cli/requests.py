@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bwstack.cli.program import Context, setting
-from bwstack.errors import BenchError, BwstackError, SmokeError
-from bwstack.inputs import number, optional_number
+from bwstack.errors import BenchError, BwstackError, SmokeError, SourceError
+from bwstack.inputs import image_reference, number, optional_number
 
 if TYPE_CHECKING:
     from bwstack.bench import BenchSettings
     from bwstack.bench.session import Target
+    from bwstack.nodes.advice import AdviceRequest
     from bwstack.nodes.preflight import PreflightRequest
     from bwstack.nodes.provision import ProvisionRequest
+    from bwstack.recipes.archs import Arch
     from bwstack.smoke import SmokeRequest
+    from bwstack.smoke.history import HistoryOptions
+    from bwstack.verify.wheel_limits import Limits
 
 MAX_JOBS_LIMIT = 4096  # compile jobs; more than any build host has threads, far below what breaks make/ninja
 DEFAULT_GRACE = "10"
@@ -86,6 +91,71 @@ def env_pairs(pairs: list[str]) -> dict[str, str]:
             raise SmokeError(f"--env {pair!r} is not KEY=VALUE")
         env[key] = value
     return env
+
+
+def history_options(given: str | None, *, fail_on_regression: bool, kind: str = "smoke") -> HistoryOptions | None:
+    """--history FILE, the default store, or None for 'off'."""
+    from bwstack.smoke.history import HistoryOptions, default_path
+
+    if given and given.strip().lower() == "off":
+        return None
+    path = Path(given).expanduser() if given else default_path()
+    return HistoryOptions(path, fail_on_regression=fail_on_regression, kind=kind)
+
+
+# --- verify ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """verify's flags that need parsing; the rest pass through as given."""
+
+    archs: list[Arch]
+    limits: Limits
+    probe_timeout_s: float
+
+
+def verify_options(arch: list[str], require: list[str] | None, timeout: str, max_member_size: str) -> VerifyOptions:
+    """--arch (sm120, sm_120, 12.0, commas, all), --require, --timeout and --max-member-size, checked."""
+    from bwstack.recipes.archs import parse_arch_list
+    from bwstack.verify.wheel_limits import Limits, parse_size
+
+    archs = parse_arch_list(arch)
+    if any(not name.strip() for name in require or []):
+        raise SourceError("--require needs a binary name, got an empty one", remedy="e.g. --require flash_ops")
+    return VerifyOptions(archs, Limits(parse_size(max_member_size)), number("--timeout", timeout, float, minimum=1))
+
+
+# --- advise ------------------------------------------------------------------------------------------------
+
+
+def advice_request(
+    c: Context,
+    *,
+    image: str | None,
+    path: str | None,
+    arch: str | None,
+    preflight: str | None,
+    model: str | None,
+    recipe: str | None,
+    port: str | None,
+) -> AdviceRequest:
+    """advise's flags to an AdviceRequest; a --preflight report is read here, so a bad file is exit 2."""
+    from bwstack.advise import AdviseError
+    from bwstack.advise.facts import read_json
+    from bwstack.nodes.advice import AdviceRequest
+
+    if arch and preflight:
+        raise AdviseError("give one of --arch or --preflight FILE: the report names the node's GPUs")
+    return AdviceRequest(
+        recipe=setting(c, "recipe", recipe),
+        image=image,
+        path=Path(path) if path else None,
+        arch=arch,
+        preflight=read_json(Path(preflight), "preflight report") if preflight else None,
+        model=Path(model).expanduser().resolve() if model else None,
+        port=optional_number("--port", port, int, minimum=1),
+    )
 
 
 # --- nodes -------------------------------------------------------------------------------------------------
@@ -152,6 +222,13 @@ def build_arg_overrides(max_jobs: str | None, nvcc_threads: str | None) -> dict[
     return {k: str(v) for k, v in (("MAX_JOBS", jobs), ("NVCC_THREADS", threads)) if v is not None}
 
 
+def fleet_images(image: str | None, runner: str | None) -> None:
+    """--image and --runner must be references Docker would accept (checked before any rendering)."""
+    for flag, ref in (("--image", image), ("--runner", runner)):
+        if ref is not None:
+            image_reference(flag, ref)
+
+
 # --- bench -------------------------------------------------------------------------------------------------
 
 
@@ -178,6 +255,22 @@ def bench_settings(
         request_timeout_s=number("--request-timeout", rest.get("request_timeout", "600"), float, minimum=0.1,
                                  error=BenchError),
     )  # fmt: skip
+
+
+def bench_floor(min_output_tok_s: str | None) -> float | None:
+    """--min-output-tok-s: None when not given."""
+    return optional_number("--min-output-tok-s", min_output_tok_s, float, minimum=0, error=BenchError)
+
+
+def spec_check_thresholds(min_speedup: str, min_accept_length: str) -> tuple[float, float]:
+    """--min-speedup and --min-accept-length."""
+    speedup = number("--min-speedup", min_speedup, float, minimum=0, error=BenchError)
+    return speedup, number("--min-accept-length", min_accept_length, float, minimum=0, error=BenchError)
+
+
+def history_last(last: str) -> int:
+    """history's --last."""
+    return number("--last", last, int, minimum=1, error=BenchError)
 
 
 def bench_smoke_request(
