@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from bwstack.cli.program import Context, finish, guarded, setting, task
-from bwstack.inputs import optional_number
+from bwstack.cli.program import Context, finish, guarded, task
 
 
 def explain_text(name: str) -> str:
@@ -54,25 +53,14 @@ def advise(
     junit: str | None = None,
 ) -> None:
     """Print the SGLang command and environment for this image, node and model, with a rule | decision table."""
-    from pathlib import Path
-
-    from bwstack.advise import AdviseError
-    from bwstack.advise.facts import read_json
-    from bwstack.nodes.advice import AdviceRequest, compute_advice
+    from bwstack.cli.requests import advice_request
+    from bwstack.nodes.advice import compute_advice
 
     if explain:
         print(explain_text(explain))
         return
-    if arch and preflight:
-        raise AdviseError("give one of --arch or --preflight FILE: the report names the node's GPUs")
-    request = AdviceRequest(
-        recipe=setting(c, "recipe", recipe),
-        image=image,
-        path=Path(path) if path else None,
-        arch=arch,
-        preflight=read_json(Path(preflight), "preflight report") if preflight else None,
-        model=Path(model).expanduser().resolve() if model else None,
-        port=optional_number("--port", port, int, minimum=1),
+    request = advice_request(
+        c, image=image, path=path, arch=arch, preflight=preflight, model=model, recipe=recipe, port=port
     )
     _advice, report, _base = compute_advice(request)
     print(report.data["shell"])

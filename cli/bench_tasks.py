@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
-from bwstack.cli.program import Context, finish, guarded, setting, task
-from bwstack.cli.smoke_tasks import history_options
+from bwstack.cli.program import Context, finish, guarded, task
 from bwstack.errors import BenchError
-from bwstack.inputs import number, optional_number
 
 _COMMON_HELP = {
     "requests": "requests per concurrency level (default 64)",
@@ -35,60 +30,6 @@ _COMMON_HELP = {
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _settings(
-    requests: str, concurrency: list[str] | None, input_len: str, output_len: str, seed: str, **rest: Any
-) -> Any:
-    from bwstack.bench import BenchSettings
-
-    levels = tuple(number("--concurrency", c, int, minimum=1, error=BenchError) for c in (concurrency or ["1", "8"]))
-    if any(c > 1024 for c in levels):
-        raise BenchError("--concurrency above 1024 is not a bench this client can drive")
-    count = number("--requests", requests, int, minimum=1, error=BenchError)
-    if count > 100_000:
-        raise BenchError(f"--requests {count} is more than 100000 per level")
-    return BenchSettings(
-        requests=count,
-        concurrency=tuple(dict.fromkeys(levels)),
-        input_len=min(number("--input-len", input_len, int, minimum=1, error=BenchError), 200_000),
-        output_len=min(number("--output-len", output_len, int, minimum=1, error=BenchError), 100_000),
-        seed=number("--seed", seed, int, error=BenchError),
-        model_name=rest.get("model_name") or None,
-        api_key=rest.get("api_key") or None,
-        request_timeout_s=number("--request-timeout", rest.get("request_timeout", "600"), float, minimum=0.1,
-                                 error=BenchError),
-    )  # fmt: skip
-
-
-def _smoke_request(c: Context, *, command: str | None, model: str | None, image: str | None, **flags: Any) -> Any:
-    from bwstack.smoke import SmokeRequest
-
-    return SmokeRequest.from_flags(
-        command=command,
-        model=model,
-        image=image,
-        recipe=setting(c, "recipe", flags.get("recipe")),
-        port=flags.get("port"),
-        host="127.0.0.1",  # a server bench starts is reached on this machine only
-        startup_timeout=flags.get("startup_timeout", "1800"),
-        stall_timeout=flags.get("stall_timeout", "120"),
-        engine=None,
-        log=None,
-    )
-
-
-def _target(c: Context, url: str | None, command: str | None, model: str | None, image: str | None, **flags: Any):
-    from bwstack.bench.session import Target
-
-    given = [name for name, value in (("--url", url), ("--command", command), ("--model", model)) if value]
-    if len(given) != 1:
-        raise BenchError(f"give exactly one of --url, --command or --model (got {', '.join(given) or 'none'})")
-    if image and not (command or model):
-        raise BenchError("--image needs --command or --model: it says where to start the server")
-    if url:
-        return Target(url=url)
-    return Target(smoke=_smoke_request(c, command=command, model=model, image=image, **flags))
 
 
 @task(
@@ -130,11 +71,12 @@ def bench(
     """Stream completions at each concurrency level: tok/s, TTFT, ITL, accept length; exit 1 on errors or too slow."""
     from bwstack.bench.progress import progress_printer
     from bwstack.bench.session import bench_report, measure
+    from bwstack.cli.requests import bench_floor, bench_settings, bench_target, history_options
 
-    settings = _settings(requests, concurrency, input_len, output_len, seed, model_name=model_name,
+    settings = bench_settings(requests, concurrency, input_len, output_len, seed, model_name=model_name,
                          api_key=api_key, request_timeout=request_timeout)  # fmt: skip
-    floor = optional_number("--min-output-tok-s", min_output_tok_s, float, minimum=0, error=BenchError)
-    target = _target(c, url, command, model, image, recipe=recipe, port=port, startup_timeout=startup_timeout,
+    floor = bench_floor(min_output_tok_s)
+    target = bench_target(c, url, command, model, image, recipe=recipe, port=port, startup_timeout=startup_timeout,
                      stall_timeout=stall_timeout)  # fmt: skip
     measured = measure(
         target,
@@ -195,13 +137,13 @@ def spec_check(
     from bwstack.bench.progress import progress_printer
     from bwstack.bench.session import measure
     from bwstack.bench.speccheck import judge
+    from bwstack.cli.requests import bench_settings, history_options, spec_check_pair, spec_check_thresholds
 
-    settings = _settings(requests, concurrency, input_len, output_len, seed, model_name=model_name,
+    settings = bench_settings(requests, concurrency, input_len, output_len, seed, model_name=model_name,
                          api_key=api_key, request_timeout=request_timeout)  # fmt: skip
-    speedup = number("--min-speedup", min_speedup, float, minimum=0, error=BenchError)
-    accept = number("--min-accept-length", min_accept_length, float, minimum=0, error=BenchError)
+    speedup, accept = spec_check_thresholds(min_speedup, min_accept_length)
     flags = {"recipe": recipe, "port": port, "startup_timeout": startup_timeout, "stall_timeout": stall_timeout}
-    base, spec = _pair(c, model, draft, image, command, spec_command, url, spec_url, flags)
+    base, spec = spec_check_pair(c, model, draft, image, command, spec_command, url, spec_url, flags)
     options = history_options(history, fail_on_regression=False, kind="bench")
     results = []
     for label, target in (("base", base), ("speculative", spec)):
@@ -209,62 +151,6 @@ def spec_check(
         results.append(measure(target, settings, progress=progress_printer(sys.stderr, prefix=label), say=_say,
                                history=options))  # fmt: skip
     finish(judge(*results, settings, min_speedup=speedup, min_accept_length=accept), json=json, junit=junit)
-
-
-def _pair(
-    c: Context,
-    model: str | None,
-    draft: str | None,
-    image: str | None,
-    command: str | None,
-    spec_command: str | None,
-    url: str | None,
-    spec_url: str | None,
-    flags: dict[str, Any],
-) -> tuple[Any, Any]:
-    from bwstack.bench.session import Target
-
-    modes = [bool(model or draft), bool(command or spec_command), bool(url or spec_url)]
-    if sum(modes) != 1:
-        raise BenchError("give one pair: --model and --draft, --command and --spec-command, or --url and --spec-url")
-    if url or spec_url:
-        if not (url and spec_url):
-            raise BenchError("--url and --spec-url go together")
-        return Target(url=url), Target(url=spec_url)
-    if command or spec_command:
-        if not (command and spec_command):
-            raise BenchError("--command and --spec-command go together")
-        return (
-            Target(smoke=_smoke_request(c, command=command, model=None, image=image, **flags)),
-            Target(smoke=_smoke_request(c, command=spec_command, model=None, image=image, **flags)),
-        )
-    if not (model and draft):
-        raise BenchError("--model and --draft go together")
-    if not image and not Path(draft).expanduser().is_dir():
-        raise BenchError(f"draft folder {draft} does not exist", remedy="pass the drafter's checkpoint folder")
-    return _recipe_pair(c, model, draft, image, flags)
-
-
-def _recipe_pair(c: Context, model: str, draft: str, image: str | None, flags: dict[str, Any]) -> tuple[Any, Any]:
-    from bwstack.bench.session import Target
-    from bwstack.recipes import load_recipe
-    from bwstack.recipes.recipe import SpeculativeSpec
-
-    recipe = load_recipe(setting(c, "recipe", flags.get("recipe")))
-    port = number("--port", flags["port"], int, error=BenchError) if flags.get("port") else recipe.serve.port
-    folder = str(Path(model).expanduser().resolve())
-    drafter = draft if image else str(Path(draft).expanduser().resolve())
-    speculative = dataclasses.replace(
-        recipe.speculative or SpeculativeSpec(algorithm="EAGLE3", num_steps=3, eagle_topk=1, num_draft_tokens=4),
-        draft_model=drafter,
-        enabled=True,
-    )
-    targets = []
-    for spec in (False, speculative):
-        argv = recipe.serve_command(folder, host="127.0.0.1", port=port, speculative=spec)
-        request = _smoke_request(c, command=shlex.join(argv), model=folder, image=image, **{**flags, "port": str(port)})
-        targets.append(Target(smoke=dataclasses.replace(request, engine=recipe.serve.engine)))
-    return targets[0], targets[1]
 
 
 @task(
@@ -281,11 +167,12 @@ def history(
     c: Context, history: str | None = None, last: str = "20", json: str | None = None, junit: str | None = None
 ) -> None:
     """Start-up phase timings of the last smoke and bench runs, per key (recipe, image, model, engine, GPUs)."""
+    from bwstack.cli.requests import history_last
     from bwstack.smoke.history import default_path
     from bwstack.smoke.trend import trend_report
 
     del c
-    count = number("--last", last, int, minimum=1, error=BenchError)
+    count = history_last(last)
     path = Path(history).expanduser() if history else default_path()
     if history and not path.exists():
         raise BenchError(f"history {path} does not exist", remedy="pass the file smoke --history wrote")

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
-from bwstack.inputs import optional_number
-
-MAX_JOBS_LIMIT = 4096  # compile jobs; more than any build host has threads, far below what breaks make/ninja
 
 
 @task(
@@ -33,13 +30,12 @@ def render(
     """Render a recipe into a Dockerfile + build.json per GPU arch."""
     from pathlib import Path
 
+    from bwstack.cli.requests import build_arg_overrides
     from bwstack.images.render import render as render_image
     from bwstack.images.render import write
     from bwstack.recipes.recipe import load_recipe
 
-    jobs = optional_number("--max-jobs", max_jobs, int, minimum=1, maximum=MAX_JOBS_LIMIT)
-    threads = optional_number("--nvcc-threads", nvcc_threads, int, minimum=1)
-    overrides = {k: str(v) for k, v in (("MAX_JOBS", jobs), ("NVCC_THREADS", threads)) if v is not None}
+    overrides = build_arg_overrides(max_jobs, nvcc_threads)
     loaded = load_recipe(setting(c, "recipe", recipe))
     renders = [
         render_image(loaded, target, repo=setting(c, "repo", repo), build_args=overrides)
@@ -80,9 +76,11 @@ def build(
     junit: str | None = None,
 ) -> None:
     """Build the recipe's image per arch via Docker; tag it only if verify passes."""
+    from bwstack.cli.requests import compile_jobs
     from bwstack.images.build import build_images
     from bwstack.recipes.recipe import load_recipe
 
+    jobs, threads = compile_jobs(max_jobs, nvcc_threads)
     name = setting(c, "recipe", recipe)
     report = build_images(
         name,
@@ -90,8 +88,8 @@ def build(
         repo=setting(c, "repo", tag),
         gate=not no_verify,
         push=push,
-        max_jobs=optional_number("--max-jobs", max_jobs, int, minimum=1, maximum=MAX_JOBS_LIMIT),
-        nvcc_threads=optional_number("--nvcc-threads", nvcc_threads, int, minimum=1),
+        max_jobs=jobs,
+        nvcc_threads=threads,
         verbose=verbose,
     )
     finish(report, json=json, junit=junit)

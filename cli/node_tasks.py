@@ -6,7 +6,6 @@ import sys
 
 from bwstack.cli.program import Context, finish, guarded, setting, task
 from bwstack.errors import BwstackError
-from bwstack.inputs import image_reference, optional_number
 
 
 @task(
@@ -35,12 +34,10 @@ def preflight(
     docker: bool = True,
 ) -> None:
     """Check this node (driver, GPUs, links, health, host) and a model folder before serving; exit 1 if not ready."""
-    from bwstack.nodes.preflight import request_for_recipe, run_preflight
+    from bwstack.cli.requests import preflight_request
+    from bwstack.nodes.preflight import run_preflight
 
-    tensor_parallel = optional_number("--tp", tp, int, minimum=1)
-    request = request_for_recipe(
-        setting(c, "recipe", recipe), archs=arch or (), tp=tensor_parallel, model=model, docker=docker
-    )
+    request = preflight_request(c, recipe=recipe, arch=arch, tp=tp, model=model, docker=docker)
     finish(run_preflight(request), json=json, junit=junit)
 
 
@@ -73,28 +70,20 @@ def provision(
     advice: str | None = None,
 ) -> None:
     """Bring up a node: preflight, verify the image for this node's GPUs, advise the launch, smoke-test it."""
-    import dataclasses
-    from pathlib import Path
+    from bwstack.cli.requests import provision_request
+    from bwstack.nodes.provision import run_provision
 
-    from bwstack.nodes.provision import ProvisionRequest, run_provision
-
-    port_number = optional_number("--port", port, int, minimum=1)
-    if demo:
-        request = ProvisionRequest.for_demo(port=port_number, repo=setting(c, "repo", None))
-    elif not image or not model:
-        raise BwstackError("provision needs --image REF and --model DIR (or --demo)")
-    else:
-        request = ProvisionRequest(image, Path(model), setting(c, "recipe", recipe), port=port_number)
-    timeouts = {
-        "startup_timeout_s": optional_number("--startup-timeout", startup_timeout, float, minimum=1),
-        "stall_timeout_s": optional_number("--stall-timeout", stall_timeout, float, minimum=1),
-    }
-    request = dataclasses.replace(request, **{k: v for k, v in timeouts.items() if v is not None})
-    if advice:
-        from bwstack.advise import load_advice
-
-        load_advice(Path(advice))  # a bad file is exit 2 now, not after a build and a verify
-        request = dataclasses.replace(request, advice=Path(advice))
+    request = provision_request(
+        c,
+        image=image,
+        model=model,
+        recipe=recipe,
+        demo=demo,
+        port=port,
+        startup_timeout=startup_timeout,
+        stall_timeout=stall_timeout,
+        advice=advice,
+    )
     report = run_provision(request, progress=lambda line: print(line, file=sys.stderr, flush=True))
     finish(report, json=json, junit=junit)
 
@@ -127,12 +116,11 @@ def fleet(
     """Render and validate a Kubernetes DaemonSet and an Ansible playbook that preflight + provision a fleet."""
     from pathlib import Path
 
+    from bwstack.cli.requests import fleet_images
     from bwstack.nodes.fleet import DEFAULT_RUNNER, fleet_warnings, render_fleet, spec_for_recipe, write_fleet
     from bwstack.recipes.recipe import load_recipe
 
-    for flag, ref in (("--image", image), ("--runner", runner)):
-        if ref is not None:
-            image_reference(flag, ref)
+    fleet_images(image, runner)
     name = setting(c, "recipe", recipe)
     targets = load_recipe(name).resolve_archs(arch)
     if image and len(targets) > 1:

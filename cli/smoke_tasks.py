@@ -5,14 +5,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bwstack.cli.clean_tasks import report_stale
 from bwstack.cli.program import Context, finish, guarded, setting, task
 from bwstack.errors import SmokeError
-
-if TYPE_CHECKING:
-    from bwstack.smoke.history import HistoryOptions
 
 
 @task(
@@ -70,8 +67,9 @@ def smoke(
     fail_on_regression: bool = False,
 ) -> None:
     """Start a server, follow its start-up phases, probe it, name a crash/hang/timeout; exit 0 only when ready."""
+    from bwstack.cli.requests import history_options, smoke_request
     from bwstack.recipes import load_recipe
-    from bwstack.smoke import SmokeRequest, run_smoke
+    from bwstack.smoke import run_smoke
 
     if command is not None and model is not None:
         raise SmokeError(
@@ -80,7 +78,7 @@ def smoke(
         )
     load_recipe(setting(c, "recipe", recipe))  # an unknown --recipe is refused even with --command
     report_stale("smoke", containers=bool(image))
-    request = SmokeRequest.from_flags(
+    request = smoke_request(
         command=command,
         model=model,
         image=image,
@@ -132,13 +130,3 @@ def advised_launch(
     if computed.refused:
         raise AdviseError(f"advice refused by rule {computed.refused[0].rule}: {computed.refused[0].why}")
     return {"args": list(computed.args), "env": computed.env, "from": "--advise"}
-
-
-def history_options(given: str | None, *, fail_on_regression: bool, kind: str = "smoke") -> HistoryOptions | None:
-    """--history FILE, the default store, or None for 'off'."""
-    from bwstack.smoke.history import HistoryOptions, default_path
-
-    if given and given.strip().lower() == "off":
-        return None
-    path = Path(given).expanduser() if given else default_path()
-    return HistoryOptions(path, fail_on_regression=fail_on_regression, kind=kind)

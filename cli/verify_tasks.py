@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from bwstack.cli.clean_tasks import report_stale
 from bwstack.cli.program import Context, finish, guarded, task
-from bwstack.errors import SourceError
-from bwstack.inputs import number
 
 
 @task(
@@ -49,25 +47,21 @@ def verify(
     max_member_size: str = "4G",
 ) -> None:
     """Check that the binary a package's loader picks has code for each GPU arch (exit 1 if not)."""
-    from bwstack.recipes.archs import parse_arch_list
+    from bwstack.cli.requests import verify_options
     from bwstack.verify.verify import open_source, verify_tree
-    from bwstack.verify.wheel_limits import Limits, parse_size
 
-    archs = parse_arch_list(arch)
-    if any(not name.strip() for name in require or []):
-        raise SourceError("--require needs a binary name, got an empty one", remedy="e.g. --require flash_ops")
+    options = verify_options(arch, require, timeout, max_member_size)
     report_stale("verify", containers=bool(image))
-    limits = Limits(parse_size(max_member_size))
-    with open_source(wheel=wheel, path=path, image=image, import_name=package, limits=limits) as tree:
+    with open_source(wheel=wheel, path=path, image=image, import_name=package, limits=options.limits) as tree:
         report = verify_tree(
             tree,
-            archs,
+            options.archs,
             import_name=package,
             require=require or [],
             kernels=kernels,
             allow_partial=allow_partial,
             allow_missing=allow_missing or [],
             cuda=cuda,
-            probe_timeout=number("--timeout", timeout, float, minimum=1),
+            probe_timeout=options.probe_timeout_s,
         )
     finish(report, json=json, junit=junit)

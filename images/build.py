@@ -26,8 +26,8 @@ from bwstack.docker_engine import first_line
 from bwstack.errors import DockerError, LoaderProbeError, SourceError
 from bwstack.images.build_errors import classify_failure
 from bwstack.images.build_log import StepLog
-from bwstack.images.render import IMAGES_DIR, RenderedImage
-from bwstack.images.sizing import size_build_jobs
+from bwstack.images.render import IMAGES_DIR, ImageTag, RenderedImage
+from bwstack.images.sizing import decide_build_args
 from bwstack.recipes.archs import Arch
 from bwstack.report import Check, Report, Status
 from bwstack.verify import sources
@@ -263,12 +263,12 @@ def build_one(
                 remedy=f"run `invoke verify --arch {arch} --image {rendered.tag}` before shipping it",
             )
         )
-    for full in (rendered.tag, rendered.moving_tag):
-        repository, _, tag = full.rpartition(":")
-        image.tag(repository, tag=tag)
-        record["tags"].append(full)
+    tags = [rendered.content_image_tag, rendered.moving_image_tag]
+    for name in tags:
+        image.tag(name.repo, tag=name.tag)
+        record["tags"].append(str(name))
     if push:
-        _push(client, record["tags"], arch, report, progress)
+        _push(client, tags, arch, report, progress)
     return record
 
 
@@ -289,13 +289,12 @@ def _steps(log: StepLog) -> dict[str, int]:
     return {"steps_total": log.total, "steps_cached": log.cached, "steps_run": log.run}
 
 
-def _push(client: Any, tags: list[str], arch: str, report: Report, progress: Progress) -> None:
+def _push(client: Any, tags: list[ImageTag], arch: str, report: Report, progress: Progress) -> None:
     for full in tags:
-        repository, _, tag = full.rpartition(":")
         progress.note(f"pushing {full}")
         error = None
         try:
-            for event in client.api.push(repository, tag=tag, stream=True, decode=True):
+            for event in client.api.push(full.repo, tag=full.tag, stream=True, decode=True):
                 if "error" in event:
                     error = str(event["error"]).strip()
                     break
@@ -312,7 +311,7 @@ def _push(client: Any, tags: list[str], arch: str, report: Report, progress: Pro
                 )
             )
             return
-    report.add(Check(f"{arch} push", Status.PASS, f"pushed {', '.join(tags)}"))
+    report.add(Check(f"{arch} push", Status.PASS, f"pushed {', '.join(map(str, tags))}"))
 
 
 def build_images(
@@ -331,21 +330,21 @@ def build_images(
     """`invoke build`: render, build, verify-gate and tag the recipe for each arch; one report for all."""
     import psutil
 
-    from bwstack.images.render import default_build_args, render
+    from bwstack.images.render import render
     from bwstack.recipes.recipe import load_recipe
 
     recipe = load_recipe(recipe_name)
     renders = [render(recipe, text, repo=repo) for text in arch_texts]  # bad input fails before any build
     client = connect(client)
     report = Report(kind="build", subject=f"{recipe.name} for {', '.join(r.arch.name for r in renders)}")
-    args = default_build_args(recipe)
-    if args:
-        threads = nvcc_threads or int(args["NVCC_THREADS"])
+    host = None
+    if recipe.sgl_kernel is not None:
         info = client.info()  # the Docker host's resources, which need not be this machine's
-        ram = int(info.get("MemTotal") or psutil.virtual_memory().total)
-        cpus = int(info.get("NCPU") or psutil.cpu_count() or 1)
-        jobs = max_jobs or size_build_jobs(ram, cpus, threads)
-        args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads)}
+        host = (
+            int(info.get("MemTotal") or psutil.virtual_memory().total),
+            int(info.get("NCPU") or psutil.cpu_count() or 1),
+        )
+    args = decide_build_args(recipe, max_jobs=max_jobs, nvcc_threads=nvcc_threads, host=host)
     images = []
     with Progress(console or Console(stderr=True), verbose=verbose) as progress:
         for rendered in renders:

@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 
 from bwstack.errors import RenderError
+from bwstack.images.sizing import decide_build_args
 from bwstack.inputs import writing
 from bwstack.recipes.archs import Arch
 from bwstack.recipes.kernel_build import KernelBuild, plan
@@ -29,6 +30,17 @@ TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # module both in a checkout and in an installed wheel.
 IMAGES_DIR = Path(__file__).resolve().parent
 LABEL_PREFIX = "io.bwstack"
+
+
+@dataclass(frozen=True)
+class ImageTag:
+    """An image reference kept as its parts until printed: Docker's tag and push APIs take them apart."""
+
+    repo: str
+    tag: str
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.tag}"
 
 
 @dataclass(frozen=True)
@@ -46,16 +58,25 @@ class RenderedImage:
     kernel_build: KernelBuild | None = None  # the sgl-kernel compile's CMake options and gencode targets
 
     @property
-    def tag(self) -> str:
+    def content_image_tag(self) -> ImageTag:
         """The content tag: <repo>:<recipe>-<arch>-cuda<ver>-<12 hex>."""
         cuda = self.recipe.cuda_version
-        return (
-            f"{self.repo}:{self.recipe.name}-{self.arch.name}-cuda{cuda.major}.{cuda.minor}-{self.content_digest[:12]}"
+        return ImageTag(
+            self.repo, f"{self.recipe.name}-{self.arch.name}-cuda{cuda.major}.{cuda.minor}-{self.content_digest[:12]}"
         )
 
     @property
+    def moving_image_tag(self) -> ImageTag:
+        """<repo>:<recipe>-<arch>, moved to each new gated build."""
+        return ImageTag(self.repo, f"{self.recipe.name}-{self.arch.name}")
+
+    @property
+    def tag(self) -> str:
+        return str(self.content_image_tag)
+
+    @property
     def moving_tag(self) -> str:
-        return f"{self.repo}:{self.recipe.name}-{self.arch.name}"
+        return str(self.moving_image_tag)
 
     @property
     def dirname(self) -> str:
@@ -152,12 +173,6 @@ def content_digest(recipe: Recipe, arch: Arch, context_files: dict[str, str] | N
     return digest.hexdigest()
 
 
-def default_build_args(recipe: Recipe) -> dict[str, str]:
-    if recipe.sgl_kernel is None:
-        return {}
-    return {"MAX_JOBS": str(recipe.sgl_kernel.max_jobs), "NVCC_THREADS": str(recipe.sgl_kernel.nvcc_threads)}
-
-
 def image_labels(recipe: Recipe, arch: Arch, digest: str) -> dict[str, str]:
     cuda = str(recipe.cuda_version)
     return {
@@ -187,7 +202,7 @@ def render(
     arch = recipe.resolve_arch(arch_text)
     context_files = _context_files(recipe)
     digest = content_digest(recipe, arch, context_files)
-    args = {**default_build_args(recipe), **(build_args or {})}
+    args = {**decide_build_args(recipe), **(build_args or {})}  # the Dockerfile's ARG defaults
     for key, value in args.items():
         if not str(value).isdigit() or int(value) < 1:
             raise RenderError(f"build arg {key}={value!r}: expected a whole number >= 1")

@@ -15,6 +15,7 @@ from typing import Any
 
 from bwstack.advise import Advice, AdviseError, Facts, ImageFacts, ModelFacts, NodeFacts, advice_report, advise
 from bwstack.advise.image import IMAGE_FILES, image_facts
+from bwstack.inputs import check_model_folder
 from bwstack.nodes.preflight import check_model, request_for_recipe, run_preflight
 from bwstack.recipes.archs import parse_arch
 from bwstack.recipes.recipe import Recipe, load_recipe
@@ -38,8 +39,8 @@ class AdviceRequest:
             raise AdviseError("give one of --image REF or --path DIR, not both")
         if self.arch and self.preflight is not None:
             raise AdviseError("give one of --arch or --preflight FILE: the report names the node's GPUs")
-        if self.model is not None and not self.model.is_dir():
-            raise AdviseError(f"model folder {self.model} does not exist or is not a folder", remedy="pass --model DIR")
+        if self.model is not None:
+            check_model_folder(self.model, error=AdviseError)
 
 
 def node_facts(request: AdviceRequest, recipe: Recipe, *, nvml: Any = None) -> tuple[NodeFacts, dict[str, Any]]:

@@ -1,29 +1,26 @@
 """What a smoke run was asked to do, checked, and turned into a command line.
 
-`SmokeRequest.from_flags` takes the task's flags as strings and raises SmokeError (exit 2) for bad
-input. `resolve_command` builds the server command: `--command` as given (shlex-split, no shell), or
-the recipe's `serve_command(model_path, host=..., port=...)` with the recipe's port and engine, extended by
-advice (`advice_args`, from `invoke advise`) when given; advice and `--command` do not mix.
+A SmokeRequest is typed (the task layer, bwstack.cli.requests, turns flags into one) and checks its fields,
+raising SmokeError (exit 2) that names the flag. `resolve_command` builds the server command: `--command`
+as given (already split, no shell), or the recipe's `serve_command(model_path, host=..., port=...)` with the
+recipe's port and engine, extended by advice (`advice_args`, from `invoke advise`) when given;
+advice and `--command` do not mix.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 from bwstack.errors import SmokeError
-from bwstack.inputs import number
 
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0  # a cold 1T-parameter start can take many minutes; a hang is found sooner
 DEFAULT_STALL_TIMEOUT_S = 120.0
 DEFAULT_GRACE_S = 10.0
 _GPUS = re.compile(r"^(auto|all|none|\d+(,\d+)*)$")
 _SHM_SIZE = re.compile(r"^\d+[bkmg]?$", re.IGNORECASE | re.ASCII)  # Docker's --shm-size: bytes, or a b/k/m/g suffix
-_N = TypeVar("_N", int, float)
 
 
 _TIMING_FLAGS = {
@@ -83,63 +80,6 @@ class SmokeRequest:
             raise SmokeError(
                 f"--shm-size {self.shm_size!r} is not a size", remedy="give a whole number with b, k, m or g, e.g. 32g"
             )
-
-    @classmethod
-    def from_flags(
-        cls,
-        *,
-        command: str | None,
-        model: str | None,
-        image: str | None,
-        recipe: str,
-        port: str | None,
-        host: str,
-        startup_timeout: str,
-        stall_timeout: str,
-        engine: str | None,
-        log: str | None,
-        env: list[str] | None = None,
-        gpus: str = "auto",
-        shm_size: str | None = None,
-        grace: str = str(DEFAULT_GRACE_S),
-    ) -> SmokeRequest:
-        """The task's flags (strings, as typed) to a checked request."""
-        argv: tuple[str, ...] | None = None
-        if command is not None:
-            try:
-                argv = tuple(shlex.split(command))
-            except ValueError as error:
-                raise SmokeError(f"--command {command!r} does not parse: {error}") from None
-        return cls(
-            command=argv,
-            model=Path(model).expanduser().resolve() if model else None,
-            image=image or None,
-            recipe=recipe,
-            port=_number("--port", port, int) if port not in (None, "") else None,
-            host=host,
-            startup_timeout_s=_number("--startup-timeout", startup_timeout, float),
-            stall_timeout_s=_number("--stall-timeout", stall_timeout, float),
-            engine=engine or None,
-            log_path=Path(log).expanduser().resolve() if log else None,
-            env=_env(env or []),
-            gpus=gpus,
-            shm_size=shm_size or None,
-            grace_s=_number("--grace", grace, float),
-        )
-
-
-def _number(flag: str, text: str | None, kind: type[_N]) -> _N:
-    return number(flag, text, kind, error=SmokeError)
-
-
-def _env(pairs: list[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SmokeError(f"--env {pair!r} is not KEY=VALUE")
-        env[key] = value
-    return env
 
 
 @dataclass(frozen=True)

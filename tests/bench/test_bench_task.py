@@ -166,12 +166,12 @@ def test_sigterm_during_the_bench_stops_the_server_it_started() -> None:
 def test_spec_check_from_a_recipe_starts_the_same_server_without_and_with_the_drafter(tmp_path: Path) -> None:
     from invoke import Context
 
-    from bwstack.cli.bench_tasks import _recipe_pair
+    from bwstack.cli.requests import recipe_pair
 
     (tmp_path / "model").mkdir()
     (tmp_path / "draft").mkdir()
     flags = {"recipe": "sglang", "port": None, "startup_timeout": "1800", "stall_timeout": "120"}
-    base, spec = _recipe_pair(Context(), str(tmp_path / "model"), str(tmp_path / "draft"), None, flags)
+    base, spec = recipe_pair(Context(), str(tmp_path / "model"), str(tmp_path / "draft"), None, flags)
     assert base.smoke.model == spec.smoke.model == tmp_path / "model"
     assert base.smoke.port == spec.smoke.port == 30000 and base.smoke.engine == "sglang"
     base_argv, spec_argv = list(base.smoke.command), list(spec.smoke.command)

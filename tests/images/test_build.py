@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from bwstack.images.build import Progress, build_context, build_one, connect
-from bwstack.images.render import render
-from bwstack.images.sizing import size_build_jobs
+from bwstack.images.render import ImageTag, render
+from bwstack.images.sizing import decide_build_args, size_build_jobs
 from bwstack.recipes.recipe import load_recipe
 from bwstack.report import Report
 from tests.helpers import invoke
@@ -29,6 +29,29 @@ def unique_repo() -> str:
 )
 def test_max_jobs_fits_ram_at_4_gb_per_nvcc_thread(ram_gb: int, cpus: int, threads: int, jobs: int) -> None:
     assert size_build_jobs(ram_gb * GB, cpus, threads) == jobs
+
+
+def test_max_jobs_is_the_flag_else_sized_to_the_build_host_else_the_recipes() -> None:
+    recipe = load_recipe("sglang")
+    assert recipe.sgl_kernel is not None
+    threads = recipe.sgl_kernel.nvcc_threads
+    rendered = decide_build_args(recipe)
+    assert rendered == {"MAX_JOBS": str(recipe.sgl_kernel.max_jobs), "NVCC_THREADS": str(threads)}
+    assert render(recipe, "sm120").build_args == rendered  # the Dockerfile's defaults are the same decision
+    sized = decide_build_args(recipe, host=(64 * GB, 32))
+    assert sized["MAX_JOBS"] == str(size_build_jobs(64 * GB, 32, threads))
+    assert decide_build_args(recipe, max_jobs=5, nvcc_threads=1, host=(64 * GB, 32)) == {
+        "MAX_JOBS": "5",
+        "NVCC_THREADS": "1",
+    }
+    assert decide_build_args(load_recipe("demo"), max_jobs=5) == {}  # no sgl-kernel compile, no build args
+
+
+def test_tags_are_repo_and_tag_until_printed() -> None:
+    rendered = render(load_recipe("demo"), "sm120", repo="registry.example:5000/ml/bwstack")
+    assert rendered.moving_image_tag == ImageTag("registry.example:5000/ml/bwstack", "demo-sm120")
+    assert rendered.moving_tag == "registry.example:5000/ml/bwstack:demo-sm120"
+    assert str(rendered.content_image_tag) == rendered.tag and rendered.content_image_tag.repo == rendered.repo
 
 
 def test_build_context_is_minimal_and_reproducible(static_busybox) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import bwstack.recipes as recipes
+from bwstack.cli.requests import smoke_request
 from bwstack.errors import DockerError, SmokeError
 from bwstack.smoke import SmokeRequest, run_smoke
 from bwstack.smoke.launch import ContainerServer, LaunchSpec
@@ -32,7 +33,7 @@ FLAGS: dict[str, Any] = {
 
 
 def flags(**changes: Any) -> SmokeRequest:
-    return SmokeRequest.from_flags(**{**FLAGS, **changes})
+    return smoke_request(**{**FLAGS, **changes})
 
 
 def test_flags_become_a_typed_request() -> None:
