@@ -25,7 +25,7 @@ from bwstack.reaper import OWNER_ENV, OWNER_LABEL, owner_alive
 from tests.conftest import TEST_RUN_LABEL, wait_until
 from tests.emulator.support import emulator_command, free_port, signal_smoke_when
 from tests.paths import REPO, package
-from tests.smoke.test_smoke_container import demo_image  # noqa: F401 - the image fixture
+from tests.smoke.test_smoke_container import demo_image, incident_container_args  # noqa: F401 - demo_image: the fixture
 
 GONE_WITHIN_S = 5.0
 RNG = random.Random()  # the points differ from run to run; the seed is in the test id's output on failure
@@ -112,11 +112,7 @@ def test_sigkill_of_smoke_removes_its_container(
     point: str,
 ) -> None:
     port = free_port()
-    args = [
-        "--command", f"/srv/bwstack-demo/entrypoint.sh --port {port}", "--image", demo_image, "--port", str(port),
-        "--gpus", "none", "--env", "DEMO_SCENARIO=incident", "--stall-timeout", "60", "--grace", "2",
-        "--log", str(tmp_path / "s.log"),
-    ]  # fmt: skip
+    args = incident_container_args(demo_image, port, tmp_path / "s.log")
     marker, delay = ("smoke:", RNG.uniform(0, 0.5)) if point == "created" else ("shards-loaded", RNG.uniform(0, 1))
     code, stderr = signal_smoke_when(args, marker, signal.SIGKILL, delay_s=delay, timeout_s=60)
     assert code == -signal.SIGKILL, stderr

@@ -49,6 +49,15 @@ def smoke_containers(client: Any, port: int) -> list[Any]:
     return [c for c in found if c.name.startswith(f"bwstack-smoke-{port}-")]
 
 
+def incident_container_args(image: str, port: int, log: Path) -> list[str]:
+    """smoke flags for the demo image's incident scenario in a container: it hangs in shards-loaded."""
+    return [
+        "--command", f"/srv/bwstack-demo/entrypoint.sh --port {port}", "--image", image, "--port", str(port),
+        "--gpus", "none", "--env", "DEMO_SCENARIO=incident", "--stall-timeout", "60", "--grace", "2",
+        "--log", str(log),
+    ]  # fmt: skip
+
+
 def run(image: str, scenario: str, client: Any, tmp_path: Path) -> dict[str, Any]:
     port = free_port()
     command = ("/srv/bwstack-demo/entrypoint.sh", "--port", str(port), "--model-path", str(tmp_path))
@@ -121,11 +130,7 @@ def test_a_container_the_engine_cannot_start_is_not_left_created(
 
 def test_sigterm_to_smoke_removes_the_container(demo_image: str, docker_client: Any, tmp_path: Path) -> None:
     port = free_port()
-    args = [
-        "--command", f"/srv/bwstack-demo/entrypoint.sh --port {port}", "--image", demo_image, "--port", str(port),
-        "--gpus", "none", "--env", "DEMO_SCENARIO=incident", "--stall-timeout", "60", "--grace", "2",
-        "--log", str(tmp_path / "s.log"),
-    ]  # fmt: skip
+    args = incident_container_args(demo_image, port, tmp_path / "s.log")
     try:
         code, stderr = signal_smoke_when(args, "smoke: phase shards-loaded", signal.SIGTERM)
         left = smoke_containers(docker_client, port)
