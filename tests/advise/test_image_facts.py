@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 import zipfile
 from pathlib import Path
 
@@ -83,7 +82,7 @@ def test_flashinfer_binaries_are_judged_for_the_cc(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_advise_reads_an_images_ptxas_without_running_it(docker_client, tmp_path: Path) -> None:
+def test_advise_reads_an_images_ptxas_without_running_it(docker_client, tracked_images, tmp_path: Path) -> None:
     """FROM scratch: Triton with only a CUDA 12.8 ptxas (no sm_121a) and a CUDA 13 ptxas that has it."""
     context = tmp_path / "context"
     bin_dir = context / "site" / TRITON_BIN
@@ -91,13 +90,10 @@ def test_advise_reads_an_images_ptxas_without_running_it(docker_client, tmp_path
     (bin_dir / "ptxas").write_bytes(b"\x7fELF ... sm_100a\x00sm_120a\x00sm_120\x00")
     (context / "cuda-ptxas").write_bytes(b"\x7fELF ... sm_120a\x00sm_121a\x00")
     (context / "Dockerfile").write_text(f"FROM scratch\nCOPY site/ /{SITE}\nCOPY cuda-ptxas /{CUDA_PTXAS}\n")
-    tag = f"bwstack-test-advise:ptxas-{uuid.uuid4().hex[:8]}"
+    tag = f"{tracked_images.repo('advise')}:ptxas"  # removed by the fixture: only this run's own tag
     docker_client.images.build(path=str(context), tag=tag, rm=True)
     out = tmp_path / "advice.json"
-    try:
-        result = invoke("advise", "--image", tag, "--arch", "sm121", "--recipe", "demo", "--json", str(out))
-    finally:
-        docker_client.images.remove(tag, force=True)
+    result = invoke("advise", "--image", tag, "--arch", "sm121", "--recipe", "demo", "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("SGLANG_ENABLE_JIT_DEEPGEMM=0 TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas ")
     data = json.loads(out.read_text())

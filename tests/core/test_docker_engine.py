@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-import uuid
 from pathlib import Path
 
 import pytest
@@ -30,13 +29,12 @@ def _context(busybox: Path) -> io.BytesIO:
     return buffer
 
 
-def test_sdk_builds_and_runs_a_scratch_image(docker_client, static_busybox: Path) -> None:
-    tag = f"bwstack-test-engine:{uuid.uuid4().hex[:8]}"
+def test_sdk_builds_and_runs_a_scratch_image(docker_client, tracked_images, static_busybox: Path) -> None:
+    repo = tracked_images.repo("engine")
+    tag = f"{repo}:hello"
     image, _ = docker_client.images.build(fileobj=_context(static_busybox), custom_context=True, tag=tag, rm=True)
-    try:
-        assert image.labels["io.bwstack.test"] == "engine"
-        output = docker_client.containers.run(tag, remove=True, network_mode="host")
-        assert output.decode().strip() == "hello from Linux"
-    finally:
-        docker_client.images.remove(tag, force=True)
-    assert not docker_client.images.list(name=tag.split(":")[0])
+    assert image.labels["io.bwstack.test"] == "engine"
+    output = docker_client.containers.run(tag, remove=True, network_mode="host")
+    assert output.decode().strip() == "hello from Linux"
+    tracked_images.clean()
+    assert not docker_client.images.list(name=repo)

@@ -11,7 +11,6 @@ import json
 import shutil
 import tarfile
 import time
-import uuid
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
@@ -286,21 +285,20 @@ def test_image_tar_members_that_escape_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.docker
 @pytest.mark.parametrize(("variant", "code"), [("good", 0), ("incident", 1)])
-def test_image_source_end_to_end(docker_client, static_busybox: Path, tmp_path: Path, variant: str, code: int) -> None:
+def test_image_source_end_to_end(
+    docker_client, tracked_images, static_busybox: Path, tmp_path: Path, variant: str, code: int
+) -> None:
     context = tmp_path / "context"
     site = "usr/lib/python3/site-packages"
     shutil.copytree(package(variant), context / "pkg", ignore=shutil.ignore_patterns("__pycache__"))
     (context / "Dockerfile").write_text(f"FROM scratch\nCOPY pkg/ /{site}/\n")
-    tag = f"bwstack-test-verify:{variant}-{uuid.uuid4().hex[:8]}"
+    tag = f"{tracked_images.repo('verify')}:{variant}"  # removed by the fixture: only this run's own tag
     docker_client.images.build(path=str(context), tag=tag, rm=True)
-    try:
-        result = invoke("verify", "--arch", "sm120", "--image", tag, "--json", str(tmp_path / "r.json"))
-        assert result.returncode == code, result.stdout + result.stderr
-        data = json.loads((tmp_path / "r.json").read_text())
-        assert_expected(data, variant)
-        assert data["source"] == f"image {tag}"
-    finally:
-        docker_client.images.remove(tag, force=True)
+    result = invoke("verify", "--arch", "sm120", "--image", tag, "--json", str(tmp_path / "r.json"))
+    assert result.returncode == code, result.stdout + result.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert_expected(data, variant)
+    assert data["source"] == f"image {tag}"
     leftovers = docker_client.containers.list(all=True, filters={"ancestor": tag})
     assert not leftovers
 
