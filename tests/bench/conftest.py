@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.conftest import wait_until
 from tests.emulator.support import emulator_command, free_port
 
 
@@ -37,15 +37,16 @@ def serve(tmp_path: Path) -> Serve:
         with log.open("wb") as sink:
             process = subprocess.Popen(argv, stdout=sink, stderr=sink, start_new_session=True)
         try:
-            deadline = time.monotonic() + 30
-            while True:
+
+            def healthy() -> bool:
                 try:
-                    if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
+                    return requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
                 except requests.RequestException:
-                    pass
-                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.05)
+                    return False
+
+            # Stop waiting at once when the emulator exits: its log says why.
+            assert wait_until(lambda: process.poll() is not None or healthy(), 30), log.read_text()
+            assert process.poll() is None, log.read_text()
             yield Emulated(f"http://127.0.0.1:{port}", log, port)
         finally:
             os.killpg(process.pid, signal.SIGKILL)

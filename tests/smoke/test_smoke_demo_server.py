@@ -7,11 +7,11 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 
+from tests.conftest import wait_until
 from tests.emulator.support import DEMO_SERVER, free_port
 
 
@@ -47,19 +47,20 @@ def _sleeping(processes: list[psutil.Process]) -> int:
 def test_a_sigterm_stops_the_whole_server_and_removes_its_state_folder(tmp_path: Path) -> None:
     server = _start(tmp_path, "incident")  # bars to N/N, then asleep until stopped, like the incident
     try:
-        deadline = time.monotonic() + 10
         tree: list[psutil.Process] = []
-        while _sleeping(tree) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)  # until both ranks are asleep after their bars
+
+        def both_ranks_asleep() -> bool:  # after their bars, each rank sleeps in its own `sleep`
+            nonlocal tree
             with contextlib.suppress(psutil.Error):
                 tree = psutil.Process(server.pid).children(recursive=True)
+            return _sleeping(tree) >= 2
+
+        wait_until(both_ranks_asleep, 10)
         assert _sleeping(tree) == 2, tree  # two ranks, each asleep in its own sleep
         assert _state_folders(tmp_path) == [f"bwstack-demo-{server.pid}"]
         server.send_signal(signal.SIGTERM)  # to the server alone, not to its process group
         assert server.wait(timeout=10) == 143
-        deadline = time.monotonic() + 5  # under load the ranks take a moment to go
-        while _alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not _alive(tree), 5)  # under load the ranks take a moment to go
         assert not _alive(tree), "a rank or its sleep outlived the server"
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -82,9 +81,10 @@ def test_the_incident_phase_points_at_kernels_nccl_and_py_spy() -> None:
 
 
 def test_snapshot_and_py_spy_dump_of_a_sleeping_python_process() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time\ndef napping():\n    time.sleep(60)\nnapping()"])
+    code = "import time\ndef napping():\n    print('napping', flush=True); time.sleep(60)\nnapping()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
+        assert child.stdout is not None and child.stdout.readline() == "napping\n"  # in napping(), not importing
         process = psutil.Process(child.pid)
         snapshot = dx.snapshot_process(process)
         assert snapshot is not None
